@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Regenerates ruri's test models and reference vectors. See testdata/README.md.
+#
+#   tools/testdata/generate.sh [tiny|30m|all]      (default: tiny)
+#
+# Environment:
+#   RURI_PYTHON=/path/to/python   use this interpreter instead of <repo>/.venv-testdata
+#   RURI_TESTDATA_OUT=dir         write tiny/ and reference/tiny.json under dir instead of
+#                                 testdata/ (used to check that generation is reproducible)
+set -euo pipefail
+
+target="${1:-tiny}"
+case "$target" in tiny|30m|all) ;; *) echo "usage: $0 [tiny|30m|all]" >&2; exit 2 ;; esac
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+cd "$root"
+
+# One seed for everything random: sentencepiece, the weights, dummy export inputs.
+SEED=20241130
+GEN=testdata/generated
+OUT_ROOT="${RURI_TESTDATA_OUT:-testdata}"
+
+if [[ -n "${RURI_PYTHON:-}" ]]; then
+  PY="$RURI_PYTHON"
+else
+  if [[ ! -x .venv-testdata/bin/python ]]; then
+    python3 -m venv .venv-testdata
+    .venv-testdata/bin/pip install --quiet --upgrade pip
+    .venv-testdata/bin/pip install --quiet -r "$here/requirements.txt"
+  fi
+  PY=.venv-testdata/bin/python
+fi
+
+# Offline and quiet; one tokenizer thread and a fixed hash seed for reproducible runs.
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
+export HF_HUB_DISABLE_PROGRESS_BARS=1 TOKENIZERS_PARALLELISM=false PYTHONHASHSEED=0
+export PYTHONWARNINGS=ignore
+
+corpus="$GEN/corpus/corpus.txt"
+if [[ ! -s "$corpus" ]]; then
+  start=$SECONDS
+  "$PY" "$here/build_corpus.py" --cache "$GEN/debcache" --out "$corpus"
+  echo "corpus built in $((SECONDS - start)) s"
+fi
+
+# build NAME SHAPE VOCAB MODEL_DIR REFERENCE_JSON MODEL_DIR_LABEL
+build() {
+  local name="$1" shape="$2" vocab="$3" dir="$4" ref="$5" label="$6" start=$SECONDS
+  echo "== $name: $dir"
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  "$PY" "$here/train_tokenizer.py" --corpus "$corpus" --work-dir "$GEN/tokenizer-$name" \
+    --out-dir "$dir" --vocab-size "$vocab" --seed "$SEED"
+  "$PY" "$here/build_model.py" --shape "$shape" --out-dir "$dir" --seed "$SEED"
+  "$PY" "$here/make_references.py" --model-dir "$dir" --model-dir-label "$label" \
+    --inputs testdata/inputs.json --out "$ref" --seed "$SEED" \
+    --command "tools/testdata/generate.sh $name"
+  echo "== $name done in $((SECONDS - start)) s"
+}
+
+if [[ "$target" == tiny || "$target" == all ]]; then
+  build tiny tiny 8000 "$OUT_ROOT/tiny" "$OUT_ROOT/reference/tiny.json" testdata/tiny
+fi
+if [[ "$target" == 30m || "$target" == all ]]; then
+  build 30m 30m 102400 "$GEN/ruri-v3-30m-shape" "$GEN/reference/ruri-v3-30m-shape.json" \
+    testdata/generated/ruri-v3-30m-shape
+fi
