@@ -1,0 +1,236 @@
+//! Embeds text from stdin, one JSON line per input, in input order.
+//!
+//! ```sh
+//! echo "瑠璃色はどんな色？" | cargo run --release --example embed -- --task query
+//! ```
+//!
+//! Each stdin line is one text (or, with `--jsonl`, a JSON object with a `"text"` field).
+//! Output lines are `{"embedding": [...], "tokens": n, "truncated": bool}`, plus
+//! `"token_ids"` with `--print-token-ids`. Input is read and embedded in chunks, so memory
+//! stays bounded however long stdin is.
+
+use std::io::{self, BufRead, BufWriter, IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, ValueEnum};
+use ruri::ort::{OrtEmbedder, Precision as OrtPrecision};
+use ruri::{Encoding, Error, Task, Truncation};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Backend {
+    /// ONNX Runtime.
+    Ort,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Precision {
+    Fp32,
+    Int8,
+    Bf16,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum TaskArg {
+    /// "検索クエリ: "
+    Query,
+    /// "検索文書: "
+    Document,
+    /// "トピック: "
+    Topic,
+    /// No prompt.
+    None,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum TruncateArg {
+    /// Keep the first tokens and `</s>`, flag the item (sentence-transformers' behaviour).
+    Truncate,
+    /// Stop with an error naming the line.
+    Error,
+}
+
+/// Embed Japanese text with a Ruri v3 model.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Model folder (sentence-transformers layout with onnx/, or an ONNX port). Default: the
+    /// committed tiny random-weight test model.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Inference backend.
+    #[arg(long, value_enum, default_value_t = Backend::Ort)]
+    backend: Backend,
+    /// Weights precision.
+    #[arg(long, value_enum, default_value_t = Precision::Fp32)]
+    precision: Precision,
+    /// Prompt to prepend.
+    #[arg(long, value_enum, default_value_t = TaskArg::None)]
+    task: TaskArg,
+    /// Policy for texts longer than the model's maximum length.
+    #[arg(long, value_enum, default_value_t = TruncateArg::Truncate)]
+    truncate: TruncateArg,
+    /// Read JSON lines with a "text" field instead of plain lines.
+    #[arg(long)]
+    jsonl: bool,
+    /// Also print the token ids fed to the model.
+    #[arg(long)]
+    print_token_ids: bool,
+    /// Output raw mean-pooled vectors instead of unit-length ones.
+    #[arg(long)]
+    raw: bool,
+    /// Lines read and embedded at a time (bounds memory).
+    #[arg(long, default_value_t = 1024)]
+    chunk: usize,
+    /// ONNX Runtime intra-op threads (default: ONNX Runtime's choice).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+#[derive(serde::Deserialize)]
+struct JsonInput {
+    text: String,
+}
+
+#[derive(serde::Serialize)]
+struct Output<'a> {
+    embedding: &'a [f32],
+    tokens: usize,
+    truncated: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token_ids: Option<&'a [u32]>,
+}
+
+fn main() -> ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Formats an error with its chain of causes.
+fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
+}
+
+fn run(args: Args) -> Result<(), String> {
+    if args.chunk == 0 {
+        return Err("--chunk must be positive".into());
+    }
+    let model = args.model.clone().unwrap_or_else(|| {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata/tiny");
+        eprintln!(
+            "note: no --model given; using {}, a random-weight TEST model: its vectors mean nothing",
+            dir.display()
+        );
+        dir
+    });
+    let precision = match (args.backend, args.precision) {
+        (Backend::Ort, Precision::Fp32) => OrtPrecision::Fp32,
+        (Backend::Ort, Precision::Int8) => OrtPrecision::Int8,
+        (Backend::Ort, Precision::Bf16) => {
+            return Err(
+                "--precision bf16 needs the candle backend, which is not implemented yet".into(),
+            );
+        }
+    };
+    let mut builder = OrtEmbedder::builder().precision(precision);
+    if let Some(threads) = args.threads {
+        builder = builder.intra_threads(threads);
+    }
+    let embedder = builder.build_from_dir(&model).map_err(|e| describe(&e))?;
+    let pipeline = embedder.pipeline();
+    let task = match args.task {
+        TaskArg::Query => Task::Query,
+        TaskArg::Document => Task::Document,
+        TaskArg::Topic => Task::Topic,
+        TaskArg::None => Task::None,
+    };
+    let prompt = pipeline
+        .prompts()
+        .resolve(&task)
+        .map_err(|e| describe(&e))?;
+    let truncation = match args.truncate {
+        TruncateArg::Truncate => Truncation::Truncate,
+        TruncateArg::Error => Truncation::Error,
+    };
+
+    let progress = io::stderr().is_terminal().then(|| {
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} {pos} texts embedded ({per_sec})")
+                .expect("the template is valid"),
+        );
+        bar
+    });
+
+    let stdin = io::stdin().lock();
+    let mut out = BufWriter::new(io::stdout().lock());
+    let mut lines = stdin.lines();
+    let mut texts: Vec<String> = Vec::with_capacity(args.chunk);
+    let mut line_no = 0usize;
+    loop {
+        texts.clear();
+        let first_line = line_no + 1;
+        for line in lines.by_ref().take(args.chunk) {
+            line_no += 1;
+            let line = line.map_err(|e| format!("reading stdin line {line_no}: {e}"))?;
+            let text = if args.jsonl {
+                serde_json::from_str::<JsonInput>(&line)
+                    .map_err(|e| {
+                        format!("line {line_no} is not a JSON object with a \"text\" string: {e}")
+                    })?
+                    .text
+            } else {
+                line
+            };
+            texts.push(text);
+        }
+        if texts.is_empty() {
+            break;
+        }
+        let encodings = texts
+            .iter()
+            .enumerate()
+            .map(|(i, text)| pipeline.tokenizer().encode_at(i, prompt, text, truncation))
+            .collect::<Result<Vec<Encoding>, _>>()
+            .map_err(|e| match Error::from(e) {
+                Error::InputTooLong { index, tokens, max } => format!(
+                    "line {} has {tokens} tokens, more than the model's {max} (use --truncate truncate)",
+                    first_line + index
+                ),
+                other => describe(&other),
+            })?;
+        let embeddings = pipeline
+            .embed_encodings(&encodings, !args.raw)
+            .map_err(|e| describe(&e))?;
+        for (vector, encoding) in embeddings.iter().zip(&encodings) {
+            let record = Output {
+                embedding: vector,
+                tokens: encoding.len(),
+                truncated: encoding.truncated(),
+                token_ids: args.print_token_ids.then(|| encoding.ids()),
+            };
+            serde_json::to_writer(&mut out, &record).map_err(|e| format!("writing output: {e}"))?;
+            out.write_all(b"\n")
+                .map_err(|e| format!("writing output: {e}"))?;
+        }
+        if let Some(bar) = &progress {
+            bar.inc(texts.len() as u64);
+        }
+    }
+    out.flush().map_err(|e| format!("writing output: {e}"))?;
+    if let Some(bar) = progress {
+        bar.finish_and_clear();
+    }
+    Ok(())
+}

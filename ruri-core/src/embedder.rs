@@ -1,0 +1,250 @@
+//! The [`Embedder`] trait and the types of its requests and results.
+
+use std::sync::Arc;
+
+use ndarray::ArrayView2;
+
+use crate::{Result, Truncation};
+
+/// What the texts are for; selects the Ruri prompt prepended to each text.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Task {
+    /// No prompt (semantic similarity).
+    #[default]
+    None,
+    /// `"検索クエリ: "`: search queries.
+    Query,
+    /// `"検索文書: "`: documents to be searched.
+    Document,
+    /// `"トピック: "`: classification and clustering.
+    Topic,
+    /// A prompt by its name in `config_sentence_transformers.json` (sentence-transformers'
+    /// `prompt_name`).
+    Named(String),
+    /// A raw prompt text prepended as is.
+    Prompt(String),
+}
+
+/// How to embed: task, normalization and truncation policy.
+///
+/// The default is sentence-transformers' behaviour with unit-length output: no prompt,
+/// truncate over-long texts, L2-normalize.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EmbedOptions {
+    task: Task,
+    normalize: bool,
+    truncation: Truncation,
+}
+
+impl Default for EmbedOptions {
+    fn default() -> Self {
+        Self {
+            task: Task::None,
+            normalize: true,
+            truncation: Truncation::Truncate,
+        }
+    }
+}
+
+impl EmbedOptions {
+    /// Default options for `task`.
+    pub fn new(task: Task) -> Self {
+        Self {
+            task,
+            ..Self::default()
+        }
+    }
+
+    /// Sets the task.
+    pub fn task(mut self, task: Task) -> Self {
+        self.task = task;
+        self
+    }
+
+    /// `true` (default): unit-length vectors, ready for cosine as a dot product. `false`: the
+    /// raw mean-pooled vectors, as sentence-transformers returns by default.
+    pub fn normalize(mut self, normalize: bool) -> Self {
+        self.normalize = normalize;
+        self
+    }
+
+    /// What to do with texts longer than the model's maximum length.
+    pub fn truncation(mut self, truncation: Truncation) -> Self {
+        self.truncation = truncation;
+        self
+    }
+
+    /// The task.
+    pub fn get_task(&self) -> &Task {
+        &self.task
+    }
+
+    /// Whether vectors are L2-normalized.
+    pub fn get_normalize(&self) -> bool {
+        self.normalize
+    }
+
+    /// The truncation policy.
+    pub fn get_truncation(&self) -> Truncation {
+        self.truncation
+    }
+}
+
+/// Vectors of several texts, in input order, as one contiguous `len × dim` buffer, with each
+/// text's token count and whether it was truncated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Embeddings {
+    data: Vec<f32>,
+    dim: usize,
+    tokens: Vec<usize>,
+    truncated: Vec<bool>,
+}
+
+impl Embeddings {
+    /// Assembles a result; `data.len()` must be `tokens.len() × dim`.
+    pub(crate) fn new(
+        data: Vec<f32>,
+        dim: usize,
+        tokens: Vec<usize>,
+        truncated: Vec<bool>,
+    ) -> Self {
+        debug_assert!(dim > 0);
+        debug_assert_eq!(data.len(), tokens.len() * dim);
+        debug_assert_eq!(tokens.len(), truncated.len());
+        Self {
+            data,
+            dim,
+            tokens,
+            truncated,
+        }
+    }
+
+    /// Number of vectors.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Length of each vector.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// The vector of text `i`, or `None` past the end.
+    pub fn get(&self, i: usize) -> Option<&[f32]> {
+        (i < self.len()).then(|| &self.data[i * self.dim..(i + 1) * self.dim])
+    }
+
+    /// Vectors in input order.
+    pub fn iter(&self) -> std::slice::ChunksExact<'_, f32> {
+        // dim > 0: the pipeline refuses zero-width models before building any result.
+        self.data.chunks_exact(self.dim)
+    }
+
+    /// All vectors, row-major.
+    pub fn as_slice(&self) -> &[f32] {
+        &self.data
+    }
+
+    /// All vectors as an `len × dim` array view.
+    pub fn as_array(&self) -> ArrayView2<'_, f32> {
+        ArrayView2::from_shape((self.len(), self.dim), &self.data)
+            .expect("data.len() == len × dim by construction")
+    }
+
+    /// Tokens fed to the model for text `i` (special tokens and prompt included).
+    pub fn tokens(&self, i: usize) -> Option<usize> {
+        self.tokens.get(i).copied()
+    }
+
+    /// Token counts of all texts.
+    pub fn token_counts(&self) -> &[usize] {
+        &self.tokens
+    }
+
+    /// Whether text `i` was truncated.
+    pub fn truncated(&self, i: usize) -> Option<bool> {
+        self.truncated.get(i).copied()
+    }
+
+    /// Truncation flags of all texts.
+    pub fn truncated_flags(&self) -> &[bool] {
+        &self.truncated
+    }
+
+    /// The vectors as one row-major buffer.
+    pub fn into_vec(self) -> Vec<f32> {
+        self.data
+    }
+
+    /// The vectors, one `Vec` each.
+    pub fn to_vecs(&self) -> Vec<Vec<f32>> {
+        self.iter().map(<[f32]>::to_vec).collect()
+    }
+}
+
+/// Turns texts into vectors. Every backend's embedder implements it; code that embeds should
+/// depend on this trait, not on a backend.
+///
+/// Two methods are required; the rest are conveniences over [`Embedder::embed_with`].
+///
+/// ```no_run
+/// use ruri_core::{Embedder, Task, cosine};
+///
+/// fn best_document(embedder: &dyn Embedder, query: &str, docs: &[&str]) -> ruri_core::Result<usize> {
+///     let q = embedder.embed_query(query)?;
+///     let d = embedder.embed_documents(docs)?;
+///     let scores: Vec<f32> = d.iter().map(|v| cosine(&q, v)).collect();
+///     Ok(scores
+///         .iter()
+///         .enumerate()
+///         .max_by(|a, b| a.1.total_cmp(b.1))
+///         .map_or(0, |(i, _)| i))
+/// }
+/// ```
+pub trait Embedder: Send + Sync {
+    /// Length of the vectors.
+    fn dim(&self) -> usize;
+
+    /// Embeds `texts` with `options`; vectors come back in input order.
+    fn embed_with(&self, texts: &[&str], options: &EmbedOptions) -> Result<Embeddings>;
+
+    /// Embeds `texts` for `task` with the default options (truncate, normalize).
+    fn embed(&self, texts: &[&str], task: Task) -> Result<Embeddings> {
+        self.embed_with(texts, &EmbedOptions::new(task))
+    }
+
+    /// One search query (`"検索クエリ: "`), unit length.
+    fn embed_query(&self, query: &str) -> Result<Vec<f32>> {
+        Ok(self.embed(&[query], Task::Query)?.into_vec())
+    }
+
+    /// Search queries (`"検索クエリ: "`), unit length.
+    fn embed_queries(&self, queries: &[&str]) -> Result<Embeddings> {
+        self.embed(queries, Task::Query)
+    }
+
+    /// Documents to be searched (`"検索文書: "`), unit length.
+    fn embed_documents(&self, documents: &[&str]) -> Result<Embeddings> {
+        self.embed(documents, Task::Document)
+    }
+}
+
+macro_rules! forward_embedder {
+    ($($ty:ty),*) => {$(
+        impl<T: Embedder + ?Sized> Embedder for $ty {
+            fn dim(&self) -> usize {
+                (**self).dim()
+            }
+            fn embed_with(&self, texts: &[&str], options: &EmbedOptions) -> Result<Embeddings> {
+                (**self).embed_with(texts, options)
+            }
+        }
+    )*};
+}
+forward_embedder!(&T, Box<T>, Arc<T>);

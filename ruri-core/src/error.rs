@@ -1,0 +1,125 @@
+use std::path::PathBuf;
+
+use ruri_tokenize::TokenizeError;
+
+/// `Result` with [`Error`] as the default error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in ruri, for every backend.
+///
+/// Variants are structured so callers can react (e.g. [`Error::InputTooLong`] carries the
+/// index of the offending text); wrapped causes are kept as [`std::error::Error::source`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A required file is absent from the model folder.
+    #[error("missing file {path}")]
+    MissingFile {
+        /// The file that was looked for.
+        path: PathBuf,
+    },
+    /// A file exists but could not be read.
+    #[error("cannot read {path}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A JSON file is not valid JSON of the expected shape.
+    #[error("invalid JSON in {path}")]
+    InvalidJson {
+        /// The file.
+        path: PathBuf,
+        /// The parse error, with line and column.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A configuration file parses but its content is unusable.
+    #[error("invalid configuration in {path}: {reason}")]
+    InvalidConfig {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The model folder asks for something ruri does not implement (e.g. CLS pooling).
+    #[error("unsupported model feature in {path}: {what}")]
+    Unsupported {
+        /// The file that asks for it.
+        path: PathBuf,
+        /// The feature.
+        what: String,
+    },
+    /// The tokenizer could not be loaded or failed on a text.
+    #[error("tokenizer error")]
+    Tokenizer(#[source] TokenizeError),
+    /// A text has more tokens than the model accepts and the truncation policy is
+    /// [`Truncation::Error`](crate::Truncation::Error).
+    #[error("text {index} has {tokens} tokens, more than the model's maximum of {max}")]
+    InputTooLong {
+        /// Position of the text in the request.
+        index: usize,
+        /// Its token count, special tokens included.
+        tokens: usize,
+        /// The model's maximum length.
+        max: usize,
+    },
+    /// An option passed to a builder or a call is out of range.
+    #[error("invalid option {name} = {value}: {reason}")]
+    InvalidOption {
+        /// The option.
+        name: &'static str,
+        /// The value given.
+        value: String,
+        /// Why it is refused.
+        reason: &'static str,
+    },
+    /// The inference runtime library (e.g. ONNX Runtime) could not be found or loaded.
+    #[error("{runtime} could not be loaded: {reason}\n{help}")]
+    RuntimeUnavailable {
+        /// Which runtime.
+        runtime: &'static str,
+        /// What went wrong.
+        reason: String,
+        /// How to install or point to a working one.
+        help: String,
+        /// The loader's error, when there is one.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+    /// The backend's model returned something of the wrong shape or kind.
+    #[error("unexpected model output: {reason}")]
+    ModelOutput {
+        /// What was expected and what came.
+        reason: String,
+    },
+    /// The backend failed while loading or running the model.
+    #[error("{backend} backend error: {context}")]
+    Backend {
+        /// The backend (`"ort"`, `"candle"`).
+        backend: &'static str,
+        /// What it was doing.
+        context: String,
+        /// The backend library's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl From<TokenizeError> for Error {
+    /// Keeps one enum for callers: the variants they may match on (missing files, bad JSON,
+    /// over-long input) map to [`Error`]'s own; the rest stay wrapped as the source.
+    fn from(e: TokenizeError) -> Self {
+        match e {
+            TokenizeError::MissingFile { path } => Error::MissingFile { path },
+            TokenizeError::Io { path, source } => Error::Io { path, source },
+            TokenizeError::InvalidJson { path, source } => Error::InvalidJson { path, source },
+            TokenizeError::InputTooLong { index, tokens, max } => {
+                Error::InputTooLong { index, tokens, max }
+            }
+            other => Error::Tokenizer(other),
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! Japanese text embeddings with the Ruri v3 models, in-process.
+//!
+//! `ruri-core` holds what every backend shares:
+//!
+//! * the [`Embedder`] trait: `Send + Sync`, `&self`, texts in, vectors out in input order;
+//! * one error enum, [`Error`], with structured variants;
+//! * [`ModelDir`]: a model folder in either layout (sentence-transformers, or an ONNX port),
+//!   with `config.json` in either the transformers 4 or 5 spelling;
+//! * the one [`Pipeline`]: tokenize (with the Ruri prompt) → sort by length → pack batches under
+//!   a padded-token budget → [`Backend`] → mean pooling under the mask → L2 normalization →
+//!   input order.
+//!
+//! A backend crate (`ruri-ort`, later `ruri-candle`) only implements [`Backend`]: a padded batch
+//! of ids in, vectors out.
+//!
+//! # Example
+//!
+//! ```no_run
+//! # fn run(embedder: &dyn ruri_core::Embedder) -> ruri_core::Result<()> {
+//! use ruri_core::{Embedder, top_k};
+//!
+//! let docs = embedder.embed_documents(&["瑠璃は青い宝石です。", "今日は晴れです。"])?;
+//! let query = embedder.embed_query("青い石")?;
+//! for (i, score) in top_k(&query, &docs, 1) {
+//!     println!("{i}: {score:.3}");
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # Choices
+//!
+//! * Vectors are **L2-normalized by default** (Ruri is used with cosine similarity); ask for
+//!   raw mean-pooled vectors, which is sentence-transformers' default, with
+//!   [`EmbedOptions::normalize`]`(false)`.
+//! * **Truncation is a visible policy**: over-long texts are truncated like
+//!   sentence-transformers does (keeping `</s>`) and flagged in [`Embeddings::truncated`], or
+//!   refused with [`Error::InputTooLong`] under [`Truncation::Error`].
+//! * Batches are formed by **length**, not by arrival, and limited by padded tokens, so short
+//!   texts are not padded to the length of long ones.
+
+#![deny(missing_docs)]
+
+pub mod config;
+mod embedder;
+mod error;
+mod model_dir;
+mod pipeline;
+mod similarity;
+
+pub use config::{AttentionKind, ModelConfig, Pooling};
+pub use embedder::{EmbedOptions, Embedder, Embeddings, Task};
+pub use error::{Error, Result};
+pub use model_dir::{Layout, ModelDir, Prompts, prompts};
+pub use pipeline::{
+    Backend, BackendOutput, BatchOptions, Pipeline, l2_normalize, mean_pool, plan_batches,
+};
+pub use similarity::{cosine, dot, top_k};
+
+pub use ruri_tokenize::{self as tokenize, Encoding, PaddedBatch, Tokenizer, Truncation};

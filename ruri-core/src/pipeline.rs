@@ -1,0 +1,348 @@
+//! The one pipeline every backend shares: tokenize → sort by length → pack batches under a
+//! token budget → backend → mean pooling → L2 normalization → input order.
+
+use std::cmp::Reverse;
+use std::ops::Range;
+
+use ndarray::{Array2, Array3, ArrayView2};
+use ruri_tokenize::{Encoding, PaddedBatch, Tokenizer};
+
+use crate::model_dir::{ModelDir, Prompts};
+use crate::{EmbedOptions, Embedder, Embeddings, Error, Result};
+
+/// What a backend returns for a padded batch.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BackendOutput {
+    /// `batch × dim`: already mean-pooled under the attention mask (e.g. an ONNX model's
+    /// `sentence_embedding` output), not normalized.
+    Pooled(Array2<f32>),
+    /// `batch × seq_len × dim`: the last hidden states; the pipeline mean-pools them.
+    TokenEmbeddings(Array3<f32>),
+}
+
+/// An inference engine: turns a padded batch of token ids into vectors. Everything around
+/// it (tokenizing, batching, pooling, normalizing, ordering) is the [`Pipeline`]'s.
+pub trait Backend: Send + Sync {
+    /// Width of the vectors (the model's hidden size).
+    fn dim(&self) -> usize;
+
+    /// Runs the model on one padded batch.
+    fn forward(&self, batch: &PaddedBatch) -> Result<BackendOutput>;
+}
+
+impl<T: Backend + ?Sized> Backend for Box<T> {
+    fn dim(&self) -> usize {
+        (**self).dim()
+    }
+    fn forward(&self, batch: &PaddedBatch) -> Result<BackendOutput> {
+        (**self).forward(batch)
+    }
+}
+
+/// Limits on the batches sent to a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchOptions {
+    max_batch_tokens: usize,
+    max_batch_size: usize,
+}
+
+impl Default for BatchOptions {
+    /// 16,384 padded tokens (TEI's default budget) and at most 256 texts per batch.
+    fn default() -> Self {
+        Self {
+            max_batch_tokens: 16_384,
+            max_batch_size: 256,
+        }
+    }
+}
+
+impl BatchOptions {
+    /// Budget of padded tokens (`texts × longest`) per batch. A single text longer than the
+    /// budget still runs, alone. Must be positive.
+    pub fn max_batch_tokens(mut self, tokens: usize) -> Self {
+        self.max_batch_tokens = tokens;
+        self
+    }
+
+    /// Most texts per batch. Must be positive.
+    pub fn max_batch_size(mut self, texts: usize) -> Self {
+        self.max_batch_size = texts;
+        self
+    }
+
+    /// The token budget.
+    pub fn get_max_batch_tokens(&self) -> usize {
+        self.max_batch_tokens
+    }
+
+    /// The text cap.
+    pub fn get_max_batch_size(&self) -> usize {
+        self.max_batch_size
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.max_batch_tokens == 0 {
+            return Err(Error::InvalidOption {
+                name: "max_batch_tokens",
+                value: "0".into(),
+                reason: "must be positive",
+            });
+        }
+        if self.max_batch_size == 0 {
+            return Err(Error::InvalidOption {
+                name: "max_batch_size",
+                value: "0".into(),
+                reason: "must be positive",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Splits texts already sorted by descending length into consecutive batches such that each
+/// holds at most `max_batch_size` texts and `count × longest ≤ max_batch_tokens` (a text
+/// alone over the budget gets a batch of its own).
+pub fn plan_batches(sorted_lengths: &[usize], options: &BatchOptions) -> Vec<Range<usize>> {
+    let mut batches = Vec::new();
+    let mut start = 0;
+    while start < sorted_lengths.len() {
+        // Descending order: the first text of a batch is its longest.
+        let longest = sorted_lengths[start].max(1);
+        let fit = (options.max_batch_tokens / longest).clamp(1, options.max_batch_size);
+        let end = (start + fit).min(sorted_lengths.len());
+        batches.push(start..end);
+        start = end;
+    }
+    batches
+}
+
+/// Mean of `tokens` rows where `mask` is non-zero, into `out`; as sentence-transformers'
+/// `Pooling` (sum of masked rows divided by the count, clamped at 1e-9).
+pub fn mean_pool(tokens: ArrayView2<'_, f32>, mask: &[i64], out: &mut [f32]) {
+    out.fill(0.0);
+    let mut count = 0usize;
+    for (row, &m) in tokens.rows().into_iter().zip(mask) {
+        if m != 0 {
+            count += 1;
+            for (o, &x) in out.iter_mut().zip(row) {
+                *o += x;
+            }
+        }
+    }
+    let denominator = (count as f32).max(1e-9);
+    for o in out.iter_mut() {
+        *o /= denominator;
+    }
+}
+
+/// Scales `v` to unit L2 norm; a zero vector stays zero (torch's
+/// `F.normalize(eps=1e-12)`, which sentence-transformers' `normalize_embeddings` uses).
+pub fn l2_normalize(v: &mut [f32]) {
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+    for x in v.iter_mut() {
+        *x /= norm;
+    }
+}
+
+/// The shared pipeline around a [`Backend`]: it is the [`Embedder`] every backend crate
+/// wraps.
+#[derive(Debug)]
+pub struct Pipeline<B> {
+    tokenizer: Tokenizer,
+    prompts: Prompts,
+    backend: B,
+    batching: BatchOptions,
+}
+
+impl<B: Backend> Pipeline<B> {
+    /// Assembles a pipeline from its parts.
+    pub fn new(
+        tokenizer: Tokenizer,
+        prompts: Prompts,
+        backend: B,
+        batching: BatchOptions,
+    ) -> Result<Self> {
+        batching.validate()?;
+        if backend.dim() == 0 {
+            return Err(Error::ModelOutput {
+                reason: "the backend reports zero-width vectors".into(),
+            });
+        }
+        Ok(Self {
+            tokenizer,
+            prompts,
+            backend,
+            batching,
+        })
+    }
+
+    /// A pipeline with the tokenizer and prompts of `dir`.
+    pub fn from_model_dir(dir: &ModelDir, backend: B, batching: BatchOptions) -> Result<Self> {
+        if backend.dim() != dir.config().hidden_size {
+            return Err(Error::InvalidConfig {
+                path: dir.path().join("config.json"),
+                reason: format!(
+                    "hidden_size {} but the model's vectors have {} dimensions",
+                    dir.config().hidden_size,
+                    backend.dim()
+                ),
+            });
+        }
+        Self::new(dir.tokenizer()?, dir.prompts().clone(), backend, batching)
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The named prompts.
+    pub fn prompts(&self) -> &Prompts {
+        &self.prompts
+    }
+
+    /// The batching limits.
+    pub fn batching(&self) -> BatchOptions {
+        self.batching
+    }
+
+    /// Runs already-tokenized texts: sort, batch, infer, pool, normalize, restore order.
+    pub fn embed_encodings(&self, encodings: &[Encoding], normalize: bool) -> Result<Embeddings> {
+        let dim = self.backend.dim();
+        let n = encodings.len();
+        let mut order: Vec<usize> = (0..n).collect();
+        // Longest first (stable), as sentence-transformers sorts: similar lengths share a
+        // batch, so little padding; the largest batch comes first, so memory peaks early.
+        order.sort_by_key(|&i| Reverse(encodings[i].len()));
+        let sorted_lengths: Vec<usize> = order.iter().map(|&i| encodings[i].len()).collect();
+
+        let mut data = vec![0.0f32; n * dim];
+        let mut batch = PaddedBatch::default();
+        for range in plan_batches(&sorted_lengths, &self.batching) {
+            let members = &order[range];
+            batch.refill(
+                members.iter().map(|&i| encodings[i].ids()),
+                self.tokenizer.pad_id(),
+            );
+            match self.backend.forward(&batch)? {
+                BackendOutput::Pooled(pooled) => {
+                    check_shape(pooled.shape(), &[members.len(), dim])?;
+                    for (row, &i) in pooled.rows().into_iter().zip(members) {
+                        for (o, &x) in data[i * dim..(i + 1) * dim].iter_mut().zip(row) {
+                            *o = x;
+                        }
+                    }
+                }
+                BackendOutput::TokenEmbeddings(tokens) => {
+                    check_shape(tokens.shape(), &[members.len(), batch.seq_len(), dim])?;
+                    let masks = batch.attention_mask().chunks_exact(batch.seq_len());
+                    for ((seq, mask), &i) in tokens.outer_iter().zip(masks).zip(members) {
+                        mean_pool(seq, mask, &mut data[i * dim..(i + 1) * dim]);
+                    }
+                }
+            }
+        }
+        if normalize {
+            data.chunks_exact_mut(dim).for_each(l2_normalize);
+        }
+        let tokens = encodings.iter().map(Encoding::len).collect();
+        let truncated = encodings.iter().map(Encoding::truncated).collect();
+        Ok(Embeddings::new(data, dim, tokens, truncated))
+    }
+}
+
+fn check_shape(actual: &[usize], expected: &[usize]) -> Result<()> {
+    if actual != expected {
+        return Err(Error::ModelOutput {
+            reason: format!("expected shape {expected:?}, got {actual:?}"),
+        });
+    }
+    Ok(())
+}
+
+impl<B: Backend> Embedder for Pipeline<B> {
+    fn dim(&self) -> usize {
+        self.backend.dim()
+    }
+
+    fn embed_with(&self, texts: &[&str], options: &EmbedOptions) -> Result<Embeddings> {
+        let prompt = self.prompts.resolve(options.get_task())?;
+        let truncation = options.get_truncation();
+        let encodings = texts
+            .iter()
+            .enumerate()
+            .map(|(i, text)| self.tokenizer.encode_at(i, prompt, text, truncation))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.embed_encodings(&encodings, options.get_normalize())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::array;
+    use proptest::prelude::*;
+
+    #[test]
+    fn plan_respects_budget_and_cap() {
+        let opts = BatchOptions::default()
+            .max_batch_tokens(10)
+            .max_batch_size(3);
+        // 5×2=10 fits; then 4,4 → 2 fit (3×4=12 > 10); then 1,1,1,1 → cap 3; then 1.
+        let plan = plan_batches(&[5, 5, 4, 4, 1, 1, 1, 1], &opts);
+        assert_eq!(plan, vec![0..2, 2..4, 4..7, 7..8]);
+    }
+
+    #[test]
+    fn oversize_text_runs_alone() {
+        let opts = BatchOptions::default().max_batch_tokens(8);
+        assert_eq!(plan_batches(&[100, 3, 3], &opts), vec![0..1, 1..3]);
+        assert!(plan_batches(&[], &opts).is_empty());
+    }
+
+    #[test]
+    fn mean_pool_ignores_padding() {
+        let tokens = array![[1.0f32, 2.0], [3.0, 4.0], [100.0, 100.0]];
+        let mut out = [0.0; 2];
+        mean_pool(tokens.view(), &[1, 1, 0], &mut out);
+        assert_eq!(out, [2.0, 3.0]);
+    }
+
+    #[test]
+    fn normalize_unit_and_zero() {
+        let mut v = [3.0f32, 4.0];
+        l2_normalize(&mut v);
+        assert_eq!(v, [0.6, 0.8]);
+        let mut z = [0.0f32; 3];
+        l2_normalize(&mut z);
+        assert_eq!(z, [0.0; 3]);
+    }
+
+    proptest! {
+        #[test]
+        fn plan_covers_every_text_once_within_limits(
+            mut lengths in proptest::collection::vec(1usize..600, 0..300),
+            budget in 1usize..5000,
+            cap in 1usize..64,
+        ) {
+            lengths.sort_by_key(|&l| Reverse(l));
+            let opts = BatchOptions::default().max_batch_tokens(budget).max_batch_size(cap);
+            let plan = plan_batches(&lengths, &opts);
+            let mut next = 0;
+            for r in &plan {
+                prop_assert_eq!(r.start, next);
+                prop_assert!(r.end > r.start);
+                prop_assert!(r.len() <= cap);
+                let padded = r.len() * lengths[r.start];
+                prop_assert!(padded <= budget || r.len() == 1);
+                next = r.end;
+            }
+            prop_assert_eq!(next, lengths.len());
+        }
+    }
+}

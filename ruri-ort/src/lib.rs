@@ -1,0 +1,408 @@
+//! Ruri v3 embeddings on ONNX Runtime (CPU), from fp32 or int8 ONNX files.
+//!
+//! [`OrtEmbedder`] implements [`ruri_core::Embedder`]: the shared pipeline of `ruri-core`
+//! (prompts, truncation, length-sorted token-budget batches, pooling, normalization) around an
+//! ONNX Runtime session pool.
+//!
+//! ```no_run
+//! use ruri_core::Embedder;
+//! use ruri_ort::{OrtEmbedder, Precision};
+//!
+//! let embedder = OrtEmbedder::builder().precision(Precision::Int8).build_from_dir("testdata/tiny")?;
+//! let query = embedder.embed_query("瑠璃色はどんな色？")?;
+//! assert_eq!(query.len(), embedder.dim());
+//! # Ok::<(), ruri_core::Error>(())
+//! ```
+//!
+//! # Model folders
+//!
+//! Either layout works: a sentence-transformers folder with an `onnx/` subfolder, or an ONNX
+//! port such as sirasagi62/ruri-v3-30m-ONNX (`config.json`, `tokenizer.json`,
+//! `onnx/model.onnx`, `onnx/model_quantized.onnx`). The model must take `input_ids` and
+//! `attention_mask` (int64, `batch × seq`) and give `sentence_embedding` (`batch × dim`, mean
+//! pooled) or `token_embeddings` / `last_hidden_state` (`batch × seq × dim`, pooled here).
+//!
+//! # The ONNX Runtime library
+//!
+//! Loaded at run time (`ort`'s `load-dynamic`): from [`OrtEmbedderBuilder::runtime_path`],
+//! else `ORT_DYLIB_PATH`, else the folder `tools/fetch-onnxruntime.sh` fills (see
+//! [`default_install_dir`]), else the system library path. A missing or too old library is
+//! [`ruri_core::Error::RuntimeUnavailable`], whose message says how to get one.
+//!
+//! # Threads
+//!
+//! An embedder holds a small pool of sessions (one by default). A call takes a session for
+//! each batch, so calls from several threads run concurrently up to the pool size; set
+//! [`OrtEmbedderBuilder::sessions`] and [`OrtEmbedderBuilder::intra_threads`] so that
+//! `sessions × intra_threads` matches the cores you want used.
+
+#![deny(missing_docs)]
+
+mod pool;
+mod runtime;
+
+use std::path::{Path, PathBuf};
+
+use ndarray::{Ix2, Ix3};
+use ort::session::Session;
+use ort::session::builder::GraphOptimizationLevel;
+use ort::value::TensorRef;
+use ruri_core::{
+    Backend, BackendOutput, BatchOptions, EmbedOptions, Embedder, Embeddings, Error, ModelDir,
+    PaddedBatch, Pipeline, Result,
+};
+
+pub use runtime::{ONNXRUNTIME_VERSION, default_install_dir, loaded_runtime_path};
+
+use pool::Pool;
+
+/// Which ONNX file of the folder to run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Precision {
+    /// `onnx/model.onnx`: full precision, equal to sentence-transformers within 1e-5.
+    #[default]
+    Fp32,
+    /// `onnx/model_quantized.onnx`: dynamically quantized int8 weights; smaller and faster,
+    /// cosine ≥ 0.99 to fp32.
+    Int8,
+}
+
+impl Precision {
+    /// The file of this precision, relative to the model folder.
+    pub fn onnx_file(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "onnx/model.onnx",
+            Precision::Int8 => "onnx/model_quantized.onnx",
+        }
+    }
+}
+
+/// ONNX Runtime's graph optimization level.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum OptimizationLevel {
+    /// No graph rewrites.
+    Disable,
+    /// Constant folding and redundant-node elimination.
+    Basic,
+    /// Basic plus fusions (attention, GELU, LayerNorm, …).
+    Extended,
+    /// Everything, layout transformations included (the default).
+    #[default]
+    All,
+}
+
+impl OptimizationLevel {
+    fn to_ort(self) -> GraphOptimizationLevel {
+        match self {
+            OptimizationLevel::Disable => GraphOptimizationLevel::Disable,
+            OptimizationLevel::Basic => GraphOptimizationLevel::Level1,
+            OptimizationLevel::Extended => GraphOptimizationLevel::Level2,
+            // `Level3` is only the layout level in ort rc.15; `All` is the full set.
+            OptimizationLevel::All => GraphOptimizationLevel::All,
+        }
+    }
+}
+
+/// Builds an [`OrtEmbedder`]. Setters never fail; everything is checked in
+/// [`build_from_dir`](OrtEmbedderBuilder::build_from_dir).
+#[derive(Debug, Clone, Default)]
+#[must_use]
+pub struct OrtEmbedderBuilder {
+    precision: Precision,
+    onnx_file: Option<PathBuf>,
+    runtime_path: Option<PathBuf>,
+    intra_threads: Option<usize>,
+    sessions: Option<usize>,
+    optimization: OptimizationLevel,
+    batching: BatchOptions,
+}
+
+impl OrtEmbedderBuilder {
+    /// fp32 (`onnx/model.onnx`, default) or int8 (`onnx/model_quantized.onnx`).
+    pub fn precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
+        self
+    }
+
+    /// Runs this ONNX file instead of the precision's default; a relative path is taken
+    /// relative to the model folder.
+    pub fn onnx_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.onnx_file = Some(path.into());
+        self
+    }
+
+    /// Loads ONNX Runtime from this shared library instead of searching for it.
+    pub fn runtime_path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.runtime_path = Some(path.into());
+        self
+    }
+
+    /// Threads each session uses inside an operator (ONNX Runtime's default: one per
+    /// physical core).
+    pub fn intra_threads(mut self, threads: usize) -> Self {
+        self.intra_threads = Some(threads);
+        self
+    }
+
+    /// Sessions in the pool (default 1): how many batches may run at once, from one call or
+    /// from concurrent calls. Each session holds its own copy of the weights.
+    pub fn sessions(mut self, sessions: usize) -> Self {
+        self.sessions = Some(sessions);
+        self
+    }
+
+    /// Graph optimization level (default [`OptimizationLevel::All`]).
+    pub fn optimization(mut self, level: OptimizationLevel) -> Self {
+        self.optimization = level;
+        self
+    }
+
+    /// Batch limits of the pipeline (padded-token budget, texts per batch).
+    pub fn batching(mut self, batching: BatchOptions) -> Self {
+        self.batching = batching;
+        self
+    }
+
+    /// Opens the model folder, loads ONNX Runtime if needed, and builds the sessions.
+    pub fn build_from_dir(self, dir: impl AsRef<Path>) -> Result<OrtEmbedder> {
+        let dir = ModelDir::open(dir)?;
+        let onnx = match &self.onnx_file {
+            Some(path) if path.is_absolute() => {
+                if !path.is_file() {
+                    return Err(Error::MissingFile { path: path.clone() });
+                }
+                path.clone()
+            }
+            Some(path) => dir.file(path)?,
+            None => dir.file(self.precision.onnx_file())?,
+        };
+        let sessions = self.sessions.unwrap_or(1);
+        if sessions == 0 {
+            return Err(Error::InvalidOption {
+                name: "sessions",
+                value: "0".into(),
+                reason: "at least one session is needed",
+            });
+        }
+        if self.intra_threads == Some(0) {
+            return Err(Error::InvalidOption {
+                name: "intra_threads",
+                value: "0".into(),
+                reason: "leave it unset for ONNX Runtime's default",
+            });
+        }
+        let environment = runtime::environment(self.runtime_path.as_deref())?;
+        let first = self.build_session(&environment, &onnx)?;
+        let signature = Signature::inspect(&first, &onnx, dir.config().hidden_size)?;
+        let mut all = vec![first];
+        for _ in 1..sessions {
+            all.push(self.build_session(&environment, &onnx)?);
+        }
+        let backend = OrtBackend {
+            pool: Pool::new(all),
+            signature,
+            onnx,
+        };
+        let pipeline = Pipeline::from_model_dir(&dir, backend, self.batching)?;
+        Ok(OrtEmbedder { pipeline })
+    }
+
+    fn build_session(
+        &self,
+        environment: &ort::environment::Environment,
+        onnx: &Path,
+    ) -> Result<Session> {
+        let fail = |context: &str, e: ort::Error| Error::Backend {
+            backend: "ort",
+            context: format!("{context} ({})", onnx.display()),
+            source: Box::new(e),
+        };
+        let mut builder = Session::builder(environment)
+            .map_err(|e| fail("creating session options", e))?
+            .with_optimization_level(self.optimization.to_ort())
+            .map_err(|e| fail("setting the optimization level", e.into()))?;
+        if let Some(threads) = self.intra_threads {
+            builder = builder
+                .with_intra_threads(threads)
+                .map_err(|e| fail("setting intra-op threads", e.into()))?;
+        }
+        builder
+            .commit_from_file(onnx)
+            .map_err(|e| fail("loading the ONNX model", e))
+    }
+}
+
+/// Which output of the ONNX model carries the vectors.
+#[derive(Debug, Clone)]
+enum OutputKind {
+    /// `batch × dim`, already pooled.
+    Pooled(String),
+    /// `batch × seq × dim`, pooled by the pipeline.
+    Tokens(String),
+}
+
+#[derive(Debug, Clone)]
+struct Signature {
+    output: OutputKind,
+    dim: usize,
+}
+
+impl Signature {
+    /// Checks the model's inputs and picks its output, preferring the pooled one (no
+    /// `batch × seq × dim` copy out of ONNX Runtime).
+    fn inspect(session: &Session, onnx: &Path, hidden_size: usize) -> Result<Self> {
+        let unsupported = |what: String| Error::Unsupported {
+            path: onnx.to_path_buf(),
+            what,
+        };
+        let inputs: Vec<&str> = session.inputs().iter().map(|i| i.name()).collect();
+        for needed in ["input_ids", "attention_mask"] {
+            if !inputs.contains(&needed) {
+                return Err(unsupported(format!(
+                    "an ONNX model without a {needed:?} input (inputs: {inputs:?})"
+                )));
+            }
+        }
+        if let Some(extra) = inputs
+            .iter()
+            .find(|n| !matches!(**n, "input_ids" | "attention_mask"))
+        {
+            return Err(unsupported(format!(
+                "an ONNX model with the extra input {extra:?} (inputs: {inputs:?})"
+            )));
+        }
+        let outputs: Vec<&str> = session.outputs().iter().map(|o| o.name()).collect();
+        let output = if outputs.contains(&"sentence_embedding") {
+            OutputKind::Pooled("sentence_embedding".into())
+        } else if let Some(name) = ["token_embeddings", "last_hidden_state"]
+            .into_iter()
+            .find(|n| outputs.contains(n))
+        {
+            OutputKind::Tokens(name.into())
+        } else {
+            return Err(unsupported(format!(
+                "an ONNX model without sentence_embedding, token_embeddings or \
+                 last_hidden_state outputs (outputs: {outputs:?})"
+            )));
+        };
+        // A static last dimension that disagrees with config.json means the wrong folder.
+        let name = match &output {
+            OutputKind::Pooled(n) | OutputKind::Tokens(n) => n.as_str(),
+        };
+        let declared = session
+            .outputs()
+            .iter()
+            .find(|o| o.name() == name)
+            .and_then(|o| match o.dtype() {
+                ort::value::ValueType::Tensor { shape, .. } => shape.last().copied(),
+                _ => None,
+            });
+        if let Some(d) = declared.filter(|&d| d > 0 && d as usize != hidden_size) {
+            return Err(Error::InvalidConfig {
+                path: onnx.to_path_buf(),
+                reason: format!(
+                    "the ONNX output {name} has {d} dimensions but config.json's hidden_size is {hidden_size}"
+                ),
+            });
+        }
+        Ok(Self {
+            output,
+            dim: hidden_size,
+        })
+    }
+}
+
+/// The ONNX Runtime [`Backend`]: a pool of sessions over one ONNX file.
+#[derive(Debug)]
+pub struct OrtBackend {
+    pool: Pool<Session>,
+    signature: Signature,
+    onnx: PathBuf,
+}
+
+impl OrtBackend {
+    /// The ONNX file the sessions run.
+    pub fn onnx_file(&self) -> &Path {
+        &self.onnx
+    }
+
+    fn run_error(&self, e: ort::Error) -> Error {
+        Error::Backend {
+            backend: "ort",
+            context: format!("running {}", self.onnx.display()),
+            source: Box::new(e),
+        }
+    }
+}
+
+impl Backend for OrtBackend {
+    fn dim(&self) -> usize {
+        self.signature.dim
+    }
+
+    fn forward(&self, batch: &PaddedBatch) -> Result<BackendOutput> {
+        let shape = [batch.batch_size(), batch.seq_len()];
+        let ids = TensorRef::from_array_view((shape, batch.input_ids()))
+            .map_err(|e| self.run_error(e))?;
+        let mask = TensorRef::from_array_view((shape, batch.attention_mask()))
+            .map_err(|e| self.run_error(e))?;
+        let shape_error = |e: ndarray::ShapeError| Error::ModelOutput {
+            reason: format!(
+                "{} gave an output of unexpected rank: {e}",
+                self.onnx.display()
+            ),
+        };
+        self.pool.with(|session| {
+            let outputs = session
+                .run(ort::inputs!["input_ids" => ids, "attention_mask" => mask])
+                .map_err(|e| self.run_error(e))?;
+            // Copy out while the session is held: the output lives in ONNX Runtime's memory.
+            match &self.signature.output {
+                OutputKind::Pooled(name) => {
+                    let view = outputs[name.as_str()]
+                        .try_extract_array::<f32>()
+                        .map_err(|e| self.run_error(e))?;
+                    let view = view.into_dimensionality::<Ix2>().map_err(shape_error)?;
+                    Ok(BackendOutput::Pooled(view.to_owned()))
+                }
+                OutputKind::Tokens(name) => {
+                    let view = outputs[name.as_str()]
+                        .try_extract_array::<f32>()
+                        .map_err(|e| self.run_error(e))?;
+                    let view = view.into_dimensionality::<Ix3>().map_err(shape_error)?;
+                    Ok(BackendOutput::TokenEmbeddings(view.to_owned()))
+                }
+            }
+        })
+    }
+}
+
+/// Ruri v3 on ONNX Runtime: the shared `ruri-core` pipeline around an [`OrtBackend`].
+#[derive(Debug)]
+pub struct OrtEmbedder {
+    pipeline: Pipeline<OrtBackend>,
+}
+
+impl OrtEmbedder {
+    /// Starts a builder.
+    pub fn builder() -> OrtEmbedderBuilder {
+        OrtEmbedderBuilder::default()
+    }
+
+    /// The pipeline (tokenizer, prompts, batching, backend).
+    pub fn pipeline(&self) -> &Pipeline<OrtBackend> {
+        &self.pipeline
+    }
+}
+
+impl Embedder for OrtEmbedder {
+    fn dim(&self) -> usize {
+        self.pipeline.dim()
+    }
+
+    fn embed_with(&self, texts: &[&str], options: &EmbedOptions) -> Result<Embeddings> {
+        self.pipeline.embed_with(texts, options)
+    }
+}

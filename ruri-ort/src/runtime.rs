@@ -1,0 +1,155 @@
+//! Finding and loading the ONNX Runtime shared library, once per process.
+//!
+//! `ort` is built with `load-dynamic`: nothing is downloaded or linked at build time. The
+//! library is looked for, in order, at the builder's explicit path, `ORT_DYLIB_PATH`, the
+//! folder `tools/fetch-onnxruntime.sh` fills, and finally the system's library search path.
+//! A miss is a typed error that says how to get the library; `ort` itself would panic.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+
+use ort::environment::Environment;
+use ruri_core::{Error, Result};
+
+/// The ONNX Runtime version `tools/fetch-onnxruntime.sh` installs and the tests use.
+pub const ONNXRUNTIME_VERSION: &str = "1.31.1";
+
+/// File name of the library in the onnxruntime wheel.
+fn library_file_name() -> String {
+    format!(
+        "{}onnxruntime{}.{ONNXRUNTIME_VERSION}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    )
+}
+
+/// Where `tools/fetch-onnxruntime.sh` puts the library:
+/// `$RURI_CACHE_DIR`, else `$XDG_CACHE_HOME/ruri`, else `~/.cache/ruri`, then
+/// `onnxruntime-<version>/`.
+pub fn default_install_dir() -> Option<PathBuf> {
+    let base = if let Some(dir) = std::env::var_os("RURI_CACHE_DIR").filter(|d| !d.is_empty()) {
+        PathBuf::from(dir)
+    } else if let Some(dir) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
+        PathBuf::from(dir).join("ruri")
+    } else {
+        PathBuf::from(std::env::var_os("HOME").filter(|d| !d.is_empty())?)
+            .join(".cache")
+            .join("ruri")
+    };
+    Some(base.join(format!("onnxruntime-{ONNXRUNTIME_VERSION}")))
+}
+
+const HELP: &str = "Get ONNX Runtime 1.23 or newer (the project tests 1.31.1): run \
+`tools/fetch-onnxruntime.sh` from the ruri repository (it takes libonnxruntime from the \
+`onnxruntime` wheel on PyPI), or set ORT_DYLIB_PATH to a libonnxruntime shared library, or \
+pass its path to the builder's `runtime_path`.";
+
+/// Candidate library paths in search order, each with where it came from.
+fn candidates(explicit: Option<&Path>) -> Vec<(PathBuf, &'static str)> {
+    if let Some(path) = explicit {
+        // An explicit choice is not silently replaced by another library.
+        return vec![(path.to_path_buf(), "the builder's runtime_path")];
+    }
+    let mut found = Vec::new();
+    if let Some(path) = std::env::var_os("ORT_DYLIB_PATH").filter(|p| !p.is_empty()) {
+        return vec![(PathBuf::from(path), "ORT_DYLIB_PATH")];
+    }
+    if let Some(dir) = default_install_dir() {
+        found.push((
+            dir.join(library_file_name()),
+            "tools/fetch-onnxruntime.sh's folder",
+        ));
+    }
+    // Bare name: the dynamic loader searches LD_LIBRARY_PATH and the system folders.
+    found.push((
+        PathBuf::from(format!(
+            "{}onnxruntime{}",
+            std::env::consts::DLL_PREFIX,
+            std::env::consts::DLL_SUFFIX
+        )),
+        "the system library path",
+    ));
+    found
+}
+
+struct Loaded {
+    environment: Environment,
+    path: PathBuf,
+}
+
+static RUNTIME: Mutex<Option<Loaded>> = Mutex::new(None);
+
+/// The process's ONNX Runtime environment, loading the library on first use.
+///
+/// ONNX Runtime allows one environment per process, so every embedder shares it; asking for a
+/// different explicit library once one is loaded is an error rather than a silent mismatch.
+pub(crate) fn environment(explicit: Option<&Path>) -> Result<Environment> {
+    let mut runtime = RUNTIME.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(loaded) = runtime.as_ref() {
+        if let Some(wanted) = explicit.filter(|w| *w != loaded.path) {
+            return Err(Error::RuntimeUnavailable {
+                runtime: "ONNX Runtime",
+                reason: format!(
+                    "{} was requested but {} is already loaded in this process (one per process)",
+                    wanted.display(),
+                    loaded.path.display()
+                ),
+                help: "Use the same runtime_path for every embedder in a process.".into(),
+                source: None,
+            });
+        }
+        return Ok(loaded.environment.clone());
+    }
+
+    let mut tried = Vec::new();
+    let mut last_error: Option<Box<dyn std::error::Error + Send + Sync>> = None;
+    for (path, origin) in candidates(explicit) {
+        // A path that is plainly absent is skipped without asking the loader; a bare file name
+        // is left to the loader's search.
+        if path.components().count() > 1 && !path.exists() {
+            tried.push(format!("{} ({origin}): no such file", path.display()));
+            continue;
+        }
+        match ort::init_from(&path) {
+            Ok(builder) => {
+                let environment =
+                    builder
+                        .with_name("ruri")
+                        .build()
+                        .map_err(|e| Error::RuntimeUnavailable {
+                            runtime: "ONNX Runtime",
+                            reason: format!(
+                                "loaded {} but could not create its environment",
+                                path.display()
+                            ),
+                            help: HELP.into(),
+                            source: Some(Box::new(e)),
+                        })?;
+                *runtime = Some(Loaded {
+                    environment: environment.clone(),
+                    path,
+                });
+                return Ok(environment);
+            }
+            Err(e) => {
+                tried.push(format!("{} ({origin}): {e}", path.display()));
+                last_error = Some(Box::new(e));
+            }
+        }
+    }
+    Err(Error::RuntimeUnavailable {
+        runtime: "ONNX Runtime",
+        reason: format!("no usable library; tried:\n  {}", tried.join("\n  ")),
+        help: HELP.into(),
+        source: last_error,
+    })
+}
+
+/// The path the process's ONNX Runtime was loaded from, if it has been loaded.
+pub fn loaded_runtime_path() -> Option<PathBuf> {
+    RUNTIME
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .as_ref()
+        .map(|l| l.path.clone())
+}

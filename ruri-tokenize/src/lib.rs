@@ -1,0 +1,372 @@
+//! Tokenization for the Ruri v3 embedding models, token-for-token equal to Python.
+//!
+//! Ruri v3 models ship a Hugging Face `tokenizer.json` (SentencePiece Unigram with byte
+//! fallback, `Metaspace` with `prepend_scheme: "never"`, post-processor `<s> $A </s>`).
+//! This crate loads it with the [`tokenizers`] crate, the same engine Python's
+//! `transformers` uses, and adds what sentence-transformers does around it:
+//!
+//! * the **prompt** (`"検索クエリ: "`, `"検索文書: "`, …) is prepended to the text as plain
+//!   text before tokenizing, exactly as `SentenceTransformer.encode(prompt=…)` does;
+//! * the **maximum length** comes from the model folder (`sentence_bert_config.json`'s
+//!   `max_seq_length`, else the smaller of `tokenizer_config.json`'s `model_max_length` and
+//!   `config.json`'s `max_position_embeddings`), counting the special tokens;
+//! * **truncation is an explicit policy** ([`Truncation`]): either an error, or keep the first
+//!   tokens and still end with `</s>` (what sentence-transformers does). Every
+//!   [`Encoding`] reports whether it was truncated and how long it was before;
+//! * **padding** into the flat `input_ids` / `attention_mask` buffers a backend consumes
+//!   ([`PaddedBatch`]), with the model's pad id.
+//!
+//! ```no_run
+//! use ruri_tokenize::{Tokenizer, Truncation};
+//!
+//! let tokenizer = Tokenizer::from_dir("testdata/tiny")?;
+//! let query = tokenizer.encode("検索クエリ: ", "瑠璃色はどんな色？", Truncation::Truncate)?;
+//! assert_eq!(query.ids().first(), Some(&1)); // <s>
+//! assert!(!query.truncated());
+//! # Ok::<(), ruri_tokenize::TokenizeError>(())
+//! ```
+
+#![deny(missing_docs)]
+
+mod batch;
+mod error;
+
+use std::borrow::Cow;
+use std::fs;
+use std::path::Path;
+
+use serde::Deserialize;
+use tokenizers::TruncationDirection;
+
+pub use batch::PaddedBatch;
+pub use error::{Result, TokenizeError};
+
+/// What to do with a text whose tokens (special tokens included) exceed the maximum length.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Truncation {
+    /// Keep the first `max_length - 2` tokens of prompt + text and end with `</s>`, as
+    /// sentence-transformers does. The [`Encoding`] reports [`Encoding::truncated`].
+    #[default]
+    Truncate,
+    /// Refuse the text with [`TokenizeError::InputTooLong`].
+    Error,
+}
+
+/// The token ids of one text, as the model sees them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Encoding {
+    ids: Vec<u32>,
+    untruncated_len: usize,
+}
+
+impl Encoding {
+    /// Token ids including `<s>` and `</s>`, after truncation.
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
+    /// Consumes the encoding, returning its ids.
+    pub fn into_ids(self) -> Vec<u32> {
+        self.ids
+    }
+
+    /// Number of tokens fed to the model (special tokens included).
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Whether there are no tokens at all (never true for a Ruri tokenizer, which always adds
+    /// `<s>` and `</s>`).
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Number of tokens the text would have had without truncation (special tokens included).
+    pub fn untruncated_len(&self) -> usize {
+        self.untruncated_len
+    }
+
+    /// Whether tokens were dropped to fit the maximum length.
+    pub fn truncated(&self) -> bool {
+        self.untruncated_len > self.ids.len()
+    }
+}
+
+/// A Ruri tokenizer: `tokenizer.json` plus the model's maximum length and pad id.
+#[derive(Debug, Clone)]
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    max_length: usize,
+    pad_id: u32,
+    /// Special tokens the post-processor adds to one sequence (2 for `<s> $A </s>`).
+    added_specials: usize,
+}
+
+/// `sentence_bert_config.json`, only the key we need.
+#[derive(Deserialize)]
+struct SentenceBertConfig {
+    max_seq_length: Option<usize>,
+}
+
+/// `tokenizer_config.json`, only the keys we need. Tokens may be plain strings or
+/// `{"content": …}` objects depending on the transformers version that wrote the file.
+#[derive(Deserialize)]
+struct TokenizerConfig {
+    model_max_length: Option<f64>,
+    pad_token: Option<TokenSpelling>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum TokenSpelling {
+    Plain(String),
+    Object { content: String },
+}
+
+impl TokenSpelling {
+    fn as_str(&self) -> &str {
+        match self {
+            TokenSpelling::Plain(s) | TokenSpelling::Object { content: s } => s,
+        }
+    }
+}
+
+/// `config.json`, only the keys the tokenizer needs.
+#[derive(Deserialize)]
+struct ModelConfigLengths {
+    max_position_embeddings: Option<usize>,
+    pad_token_id: Option<u32>,
+}
+
+/// Reads and parses an optional JSON file: `Ok(None)` when it does not exist.
+fn read_optional_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>> {
+    let bytes = match fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(TokenizeError::Io {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|source| TokenizeError::InvalidJson {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+impl Tokenizer {
+    /// Loads `tokenizer.json` and the maximum length from a model folder, in either the
+    /// sentence-transformers layout or the ONNX-port layout (no `sentence_bert_config.json`).
+    pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref();
+        let tokenizer_path = dir.join("tokenizer.json");
+        let st: Option<SentenceBertConfig> =
+            read_optional_json(&dir.join("sentence_bert_config.json"))?;
+        let tok_cfg: Option<TokenizerConfig> =
+            read_optional_json(&dir.join("tokenizer_config.json"))?;
+        let model_cfg: Option<ModelConfigLengths> = read_optional_json(&dir.join("config.json"))?;
+
+        // sentence-transformers: `max_seq_length` when configured, otherwise the smaller of the
+        // tokenizer's `model_max_length` and the model's `max_position_embeddings`.
+        // transformers writes a huge sentinel (1e30) for "no limit"; it is ignored.
+        let tokenizer_max = tok_cfg
+            .as_ref()
+            .and_then(|c| c.model_max_length)
+            .filter(|m| (1.0..1e9).contains(m))
+            .map(|m| m as usize);
+        let position_max = model_cfg.as_ref().and_then(|c| c.max_position_embeddings);
+        let max_length = match st.and_then(|c| c.max_seq_length) {
+            Some(m) => m,
+            None => match (tokenizer_max, position_max) {
+                (Some(a), Some(b)) => a.min(b),
+                (Some(a), None) | (None, Some(a)) => a,
+                (None, None) => {
+                    return Err(TokenizeError::UnknownMaxLength {
+                        dir: dir.to_path_buf(),
+                    });
+                }
+            },
+        };
+
+        let pad_token = tok_cfg
+            .as_ref()
+            .and_then(|c| c.pad_token.as_ref())
+            .map(|t| t.as_str().to_owned());
+        let config_pad_id = model_cfg.as_ref().and_then(|c| c.pad_token_id);
+        let mut tokenizer = Self::from_file(&tokenizer_path, max_length, pad_token.as_deref())?;
+        if let Some(config_pad_id) = config_pad_id.filter(|&id| id != tokenizer.pad_id) {
+            return Err(TokenizeError::PadIdMismatch {
+                tokenizer: tokenizer.pad_id,
+                config: config_pad_id,
+            });
+        }
+        tokenizer.max_length = max_length;
+        Ok(tokenizer)
+    }
+
+    /// Loads a `tokenizer.json` with an explicit maximum length (special tokens included).
+    ///
+    /// The pad id is that of `pad_token` when given, else of `<pad>`.
+    pub fn from_file(
+        tokenizer_json: impl AsRef<Path>,
+        max_length: usize,
+        pad_token: Option<&str>,
+    ) -> Result<Self> {
+        let path = tokenizer_json.as_ref();
+        if !path.is_file() {
+            return Err(TokenizeError::MissingFile {
+                path: path.to_path_buf(),
+            });
+        }
+        let mut inner = tokenizers::Tokenizer::from_file(path).map_err(|source| {
+            TokenizeError::InvalidTokenizer {
+                path: path.to_path_buf(),
+                source,
+            }
+        })?;
+        // Truncation and padding are ours to apply (per item, reported); a tokenizer.json that
+        // carries its own settings must not apply them a second time.
+        inner
+            .with_truncation(None)
+            .expect("disabling truncation cannot fail");
+        inner.with_padding(None);
+
+        let pad_token = pad_token.unwrap_or("<pad>");
+        let pad_id = inner
+            .token_to_id(pad_token)
+            .ok_or_else(|| TokenizeError::MissingToken {
+                token: pad_token.to_owned(),
+            })?;
+        let added_specials = inner
+            .get_post_processor()
+            .map(|p| tokenizers::PostProcessor::added_tokens(p, false))
+            .unwrap_or(0);
+        Self::check_max_length(max_length, added_specials)?;
+        Ok(Self {
+            inner,
+            max_length,
+            pad_id,
+            added_specials,
+        })
+    }
+
+    fn check_max_length(max_length: usize, added_specials: usize) -> Result<()> {
+        if max_length <= added_specials {
+            return Err(TokenizeError::InvalidMaxLength {
+                max_length,
+                special_tokens: added_specials,
+            });
+        }
+        Ok(())
+    }
+
+    /// Returns this tokenizer with another maximum length (special tokens included), e.g. to
+    /// embed shorter windows than the model allows.
+    pub fn with_max_length(mut self, max_length: usize) -> Result<Self> {
+        Self::check_max_length(max_length, self.added_specials)?;
+        self.max_length = max_length;
+        Ok(self)
+    }
+
+    /// Maximum number of tokens per text, special tokens included.
+    pub fn max_length(&self) -> usize {
+        self.max_length
+    }
+
+    /// The id used to pad batches (`<pad>`, 3 in Ruri v3).
+    pub fn pad_id(&self) -> u32 {
+        self.pad_id
+    }
+
+    /// Number of pieces in the vocabulary, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// The underlying `tokenizers` tokenizer.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
+    /// Tokenizes `prompt + text` (the prompt as plain text, as sentence-transformers does),
+    /// adds `<s>`/`</s>`, and applies the truncation policy.
+    ///
+    /// With [`Truncation::Error`], a text that is too long fails with
+    /// [`TokenizeError::InputTooLong`] whose `index` is 0.
+    pub fn encode(&self, prompt: &str, text: &str, truncation: Truncation) -> Result<Encoding> {
+        self.encode_at(0, prompt, text, truncation)
+    }
+
+    /// Tokenizes many texts with the same prompt; see [`Tokenizer::encode`]. An error names the
+    /// index of the text that caused it.
+    pub fn encode_batch<S: AsRef<str>>(
+        &self,
+        prompt: &str,
+        texts: &[S],
+        truncation: Truncation,
+    ) -> Result<Vec<Encoding>> {
+        texts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| self.encode_at(i, prompt, t.as_ref(), truncation))
+            .collect()
+    }
+
+    /// [`Tokenizer::encode`] for the text at `index` of a larger request (the index only
+    /// labels errors).
+    pub fn encode_at(
+        &self,
+        index: usize,
+        prompt: &str,
+        text: &str,
+        truncation: Truncation,
+    ) -> Result<Encoding> {
+        let input: Cow<'_, str> = if prompt.is_empty() {
+            Cow::Borrowed(text)
+        } else {
+            Cow::Owned([prompt, text].concat())
+        };
+        // Encode without special tokens, truncate, then post-process: the same order as
+        // `TokenizerImpl::post_process` with truncation set (what transformers calls), so the
+        // kept tokens and the final `</s>` are identical to Python's.
+        let mut raw = self
+            .inner
+            .encode_fast(input.as_ref(), false)
+            .map_err(|source| TokenizeError::Tokenizer { index, source })?;
+        let untruncated_len = raw.len() + self.added_specials;
+        if untruncated_len > self.max_length {
+            match truncation {
+                Truncation::Error => {
+                    return Err(TokenizeError::InputTooLong {
+                        index,
+                        tokens: untruncated_len,
+                        max: self.max_length,
+                    });
+                }
+                Truncation::Truncate => {
+                    raw.truncate(
+                        self.max_length - self.added_specials,
+                        0,
+                        TruncationDirection::Right,
+                    );
+                    // The dropped tail is kept by `truncate` as "overflowing" encodings; we
+                    // never use it, and post-processing would copy it again.
+                    drop(raw.take_overflowing());
+                }
+            }
+        }
+        let encoding = self
+            .inner
+            .post_process(raw, None, true)
+            .map_err(|source| TokenizeError::Tokenizer { index, source })?;
+        Ok(Encoding {
+            ids: encoding.get_ids().to_vec(),
+            untruncated_len,
+        })
+    }
+}

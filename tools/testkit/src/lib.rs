@@ -1,0 +1,133 @@
+//! Test support shared by the ruri crates' integration tests: where the committed test model
+//! is, and its reference outputs from Python (`testdata/reference/*.json`, written by
+//! `tools/testdata/generate.sh`; see `testdata/README.md`).
+//!
+//! Expected values only ever come from these files, never from the code under test.
+
+#![deny(missing_docs)]
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// The workspace root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("tools/testkit sits two levels below the workspace root")
+        .to_path_buf()
+}
+
+/// The committed tiny random-weight model (`testdata/tiny`).
+pub fn tiny_model_dir() -> PathBuf {
+    repo_root().join("testdata/tiny")
+}
+
+/// A raw and a normalized vector of one input, from one reference implementation.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Vectors {
+    /// Mean-pooled, not normalized.
+    pub mean: Vec<f32>,
+    /// L2-normalized.
+    pub normalized: Vec<f32>,
+}
+
+/// One committed input and what Python made of it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Item {
+    /// Short name.
+    pub id: String,
+    /// sentence-transformers prompt name (`""` for none).
+    pub prompt_name: String,
+    /// The prompt text prepended.
+    pub prompt: String,
+    /// The text.
+    pub text: String,
+    /// Token ids sentence-transformers fed the model (truncated to `max_seq_length`).
+    pub token_ids: Vec<u32>,
+    /// Token ids without truncation.
+    pub untruncated_token_ids: Vec<u32>,
+    /// Whether sentence-transformers truncated it.
+    pub truncated: bool,
+    /// sentence-transformers, torch fp32 on CPU.
+    pub st_fp32: Vectors,
+    /// onnxruntime-Python on `onnx/model.onnx`, batch of one.
+    pub ort_fp32: Vectors,
+    /// onnxruntime-Python on `onnx/model_quantized.onnx`, batch of one.
+    pub ort_int8: Vectors,
+}
+
+/// A reference file.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Reference {
+    /// `max_seq_length` of the model.
+    pub max_seq_length: usize,
+    /// Vector width.
+    pub dim: usize,
+    /// The inputs, in file order.
+    pub items: Vec<Item>,
+}
+
+impl Reference {
+    /// `testdata/reference/tiny.json`.
+    pub fn tiny() -> Self {
+        let path = repo_root().join("testdata/reference/tiny.json");
+        let bytes =
+            std::fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
+    }
+}
+
+/// Cosine similarity computed in f64, so the measurement adds no error of its own.
+pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "vectors of different lengths");
+    let dot: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| f64::from(x) * f64::from(y))
+        .sum();
+    let na: f64 = a.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
+    dot / (na * nb)
+}
+
+/// Largest elementwise absolute difference.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "vectors of different lengths");
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| (f64::from(x) - f64::from(y)).abs())
+        .fold(0.0, f64::max)
+}
+
+/// Worst agreement over a set of vector pairs.
+#[derive(Debug, Clone, Copy)]
+pub struct Agreement {
+    /// Smallest cosine.
+    pub min_cosine: f64,
+    /// Largest elementwise |Δ|.
+    pub max_abs_diff: f64,
+}
+
+impl Agreement {
+    /// Starts with perfect agreement.
+    pub fn new() -> Self {
+        Self {
+            min_cosine: 1.0,
+            max_abs_diff: 0.0,
+        }
+    }
+
+    /// Adds one pair.
+    pub fn add(&mut self, actual: &[f32], expected: &[f32]) {
+        self.min_cosine = self.min_cosine.min(cosine(actual, expected));
+        self.max_abs_diff = self.max_abs_diff.max(max_abs_diff(actual, expected));
+    }
+}
+
+impl Default for Agreement {
+    fn default() -> Self {
+        Self::new()
+    }
+}
