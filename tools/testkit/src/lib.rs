@@ -131,3 +131,26 @@ impl Default for Agreement {
         Self::new()
     }
 }
+
+/// Copies a model folder (recursively) into `dest`, keeping only the entries `keep` accepts
+/// (paths relative to `src`, `/`-separated). For tests that break or rearrange a model.
+pub fn copy_model(src: &Path, dest: &Path, keep: &dyn Fn(&str) -> bool) {
+    fn walk(root: &Path, dir: &Path, dest: &Path, keep: &dyn Fn(&str) -> bool) {
+        for entry in std::fs::read_dir(dir).expect("readable model folder") {
+            let path = entry.expect("readable entry").path();
+            let relative = path
+                .strip_prefix(root)
+                .expect("inside root")
+                .to_string_lossy()
+                .replace('\\', "/");
+            if path.is_dir() {
+                walk(root, &path, dest, keep);
+            } else if keep(&relative) {
+                let target = dest.join(&relative);
+                std::fs::create_dir_all(target.parent().expect("has a parent")).expect("mkdir");
+                std::fs::copy(&path, &target).expect("copy");
+            }
+        }
+    }
+    walk(src, src, dest, keep);
+}

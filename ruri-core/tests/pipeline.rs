@@ -1,0 +1,246 @@
+//! Invariants of the shared pipeline, with a stand-in backend whose output is a known function
+//! of the ids, over the committed tiny model's tokenizer.
+
+use std::sync::Mutex;
+
+use ndarray::{Array2, Array3};
+use proptest::prelude::*;
+use ruri_core::{
+    Backend, BackendOutput, BatchOptions, EmbedOptions, Embedder, Error, ModelDir, PaddedBatch,
+    Pipeline, Task, Truncation,
+};
+use ruri_testkit::tiny_model_dir;
+
+const DIM: usize = 8;
+
+/// Each token's vector depends only on its id, so a text's mean is independent of padding
+/// and batch neighbours: any difference between batched and single results is the pipeline's.
+fn token_vector(id: i64) -> [f32; DIM] {
+    std::array::from_fn(|k| ((id as f32 + 1.0) * (k as f32 + 1.0) * 0.37).sin() + 0.1)
+}
+
+/// Returns token embeddings, records every batch it was given.
+#[derive(Default)]
+struct FakeBackend {
+    batches: Mutex<Vec<(usize, usize)>>,
+    pooled: bool,
+}
+
+impl Backend for FakeBackend {
+    fn dim(&self) -> usize {
+        DIM
+    }
+
+    fn forward(&self, batch: &PaddedBatch) -> ruri_core::Result<BackendOutput> {
+        let (b, s) = (batch.batch_size(), batch.seq_len());
+        self.batches.lock().unwrap().push((b, s));
+        let mut tokens = Array3::<f32>::zeros((b, s, DIM));
+        for i in 0..b {
+            for j in 0..s {
+                // Padding rows get garbage: pooling must ignore them.
+                let v = if batch.attention_mask()[i * s + j] == 1 {
+                    token_vector(batch.input_ids()[i * s + j])
+                } else {
+                    [1e6; DIM]
+                };
+                for k in 0..DIM {
+                    tokens[[i, j, k]] = v[k];
+                }
+            }
+        }
+        if self.pooled {
+            // Same contract, pooled by the backend.
+            let mut pooled = Array2::<f32>::zeros((b, DIM));
+            for i in 0..b {
+                let mask = &batch.attention_mask()[i * s..(i + 1) * s];
+                let mut row = vec![0.0; DIM];
+                ruri_core::mean_pool(tokens.slice(ndarray::s![i, .., ..]), mask, &mut row);
+                pooled.row_mut(i).assign(&ndarray::Array1::from(row));
+            }
+            return Ok(BackendOutput::Pooled(pooled));
+        }
+        Ok(BackendOutput::TokenEmbeddings(tokens))
+    }
+}
+
+fn pipeline(batching: BatchOptions, pooled: bool) -> Pipeline<FakeBackend> {
+    let dir = ModelDir::open(tiny_model_dir()).unwrap();
+    let backend = FakeBackend {
+        pooled,
+        ..FakeBackend::default()
+    };
+    Pipeline::new(
+        dir.tokenizer().unwrap(),
+        dir.prompts().clone(),
+        backend,
+        batching,
+    )
+    .unwrap()
+}
+
+#[test]
+fn mean_of_known_token_vectors() {
+    let p = pipeline(BatchOptions::default(), false);
+    let text = "瑠璃色の空";
+    let ids = p
+        .tokenizer()
+        .encode("", text, Truncation::Truncate)
+        .unwrap();
+    let mut expected = [0.0f32; DIM];
+    for &id in ids.ids() {
+        for (e, x) in expected.iter_mut().zip(token_vector(i64::from(id))) {
+            *e += x / ids.len() as f32;
+        }
+    }
+    let raw = p
+        .embed_with(&[text], &EmbedOptions::new(Task::None).normalize(false))
+        .unwrap();
+    for (a, e) in raw.get(0).unwrap().iter().zip(expected) {
+        assert!((a - e).abs() < 1e-6, "{a} vs {e}");
+    }
+}
+
+#[test]
+fn prompts_are_prepended_as_text() {
+    let p = pipeline(BatchOptions::default(), false);
+    let via_task = p.embed(&["猫"], Task::Query).unwrap();
+    let via_text = p.embed(&["検索クエリ: 猫"], Task::None).unwrap();
+    assert_eq!(via_task, via_text);
+    let via_raw = p
+        .embed(&["猫"], Task::Prompt("検索クエリ: ".into()))
+        .unwrap();
+    assert_eq!(via_task, via_raw);
+    let named = p.embed(&["猫"], Task::Named("query".into())).unwrap();
+    assert_eq!(via_task, named);
+    assert!(matches!(
+        p.embed(&["猫"], Task::Named("nope".into())),
+        Err(Error::InvalidOption { .. })
+    ));
+}
+
+#[test]
+fn batches_are_length_sorted_and_within_budget() {
+    let p = pipeline(
+        BatchOptions::default()
+            .max_batch_tokens(64)
+            .max_batch_size(4),
+        false,
+    );
+    let texts: Vec<String> = (0..20).map(|i| "あ".repeat(i * 3)).collect();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    p.embed(&refs, Task::None).unwrap();
+    let batches = p.backend().batches.lock().unwrap().clone();
+    assert_eq!(batches.iter().map(|b| b.0).sum::<usize>(), 20);
+    let mut previous_len = usize::MAX;
+    for (b, s) in batches {
+        assert!(b <= 4);
+        assert!(b * s <= 64 || b == 1, "{b} × {s} over budget");
+        assert!(s <= previous_len, "batches go from long to short");
+        previous_len = s;
+    }
+}
+
+#[test]
+fn empty_request_returns_empty_result_without_inference() {
+    let p = pipeline(BatchOptions::default(), false);
+    let e = p.embed(&[], Task::Query).unwrap();
+    assert!(e.is_empty());
+    assert_eq!(e.dim(), DIM);
+    assert!(p.backend().batches.lock().unwrap().is_empty());
+}
+
+#[test]
+fn error_policy_names_the_long_text() {
+    let p = pipeline(BatchOptions::default(), false);
+    let long = "東京".repeat(2000);
+    let texts = ["短い", long.as_str()];
+    let options = EmbedOptions::new(Task::None).truncation(Truncation::Error);
+    match p.embed_with(&texts, &options) {
+        Err(Error::InputTooLong { index, tokens, max }) => {
+            assert_eq!(index, 1);
+            assert!(tokens > max);
+            assert_eq!(max, 512);
+        }
+        other => panic!("expected InputTooLong, got {other:?}"),
+    }
+    let truncated = p.embed(&texts, Task::None).unwrap();
+    assert_eq!(truncated.truncated_flags(), &[false, true]);
+    assert_eq!(truncated.tokens(1), Some(512));
+}
+
+#[test]
+fn wrong_backend_shapes_are_errors() {
+    struct Bad;
+    impl Backend for Bad {
+        fn dim(&self) -> usize {
+            DIM
+        }
+        fn forward(&self, batch: &PaddedBatch) -> ruri_core::Result<BackendOutput> {
+            Ok(BackendOutput::Pooled(Array2::zeros((
+                batch.batch_size() + 1,
+                DIM,
+            ))))
+        }
+    }
+    let dir = ModelDir::open(tiny_model_dir()).unwrap();
+    let p = Pipeline::new(
+        dir.tokenizer().unwrap(),
+        dir.prompts().clone(),
+        Bad,
+        BatchOptions::default(),
+    )
+    .unwrap();
+    assert!(matches!(
+        p.embed(&["a"], Task::None),
+        Err(Error::ModelOutput { .. })
+    ));
+    // A dimension that disagrees with config.json is refused up front.
+    assert!(matches!(
+        Pipeline::from_model_dir(&dir, Bad, BatchOptions::default()),
+        Err(Error::InvalidConfig { .. })
+    ));
+}
+
+#[test]
+fn zero_batch_limits_are_refused() {
+    let dir = ModelDir::open(tiny_model_dir()).unwrap();
+    for batching in [
+        BatchOptions::default().max_batch_tokens(0),
+        BatchOptions::default().max_batch_size(0),
+    ] {
+        let r = Pipeline::new(
+            dir.tokenizer().unwrap(),
+            dir.prompts().clone(),
+            FakeBackend::default(),
+            batching,
+        );
+        assert!(matches!(r, Err(Error::InvalidOption { .. })));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Order kept, batch == one by one (bit for bit: the stand-in backend has no batch
+    /// effects), unit norm, token counts as the tokenizer says; for both output kinds.
+    #[test]
+    fn batch_equals_one_by_one(
+        texts in proptest::collection::vec(any::<String>(), 0..24),
+        budget in 8usize..600,
+        pooled in any::<bool>(),
+    ) {
+        let p = pipeline(BatchOptions::default().max_batch_tokens(budget).max_batch_size(7), pooled);
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let all = p.embed(&refs, Task::Document).unwrap();
+        prop_assert_eq!(all.len(), texts.len());
+        for (i, text) in refs.iter().enumerate() {
+            let one = p.embed(&[text], Task::Document).unwrap();
+            prop_assert_eq!(all.get(i).unwrap(), one.get(0).unwrap());
+            let norm: f32 = all.get(i).unwrap().iter().map(|x| x * x).sum::<f32>().sqrt();
+            prop_assert!((norm - 1.0).abs() < 1e-5, "norm {}", norm);
+            let enc = p.tokenizer().encode("検索文書: ", text, Truncation::Truncate).unwrap();
+            prop_assert_eq!(all.tokens(i), Some(enc.len()));
+            prop_assert_eq!(all.truncated(i), Some(enc.truncated()));
+        }
+    }
+}

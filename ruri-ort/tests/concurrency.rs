@@ -1,0 +1,60 @@
+//! Many threads share one embedder: every call gets the vectors of its own texts, equal to
+//! the sequential results, with a pool smaller than the number of threads (so callers wait
+//! for sessions) and without deadlock.
+
+use std::sync::Arc;
+
+use ruri_core::{Embedder, Task};
+use ruri_ort::OrtEmbedder;
+use ruri_testkit::{Reference, tiny_model_dir};
+
+#[test]
+fn threads_sharing_an_embedder_get_their_own_vectors() {
+    let embedder = Arc::new(
+        OrtEmbedder::builder()
+            .sessions(2)
+            .intra_threads(1)
+            .build_from_dir(tiny_model_dir())
+            .unwrap(),
+    );
+    let reference = Reference::tiny();
+    let texts: Vec<String> = reference.items.iter().map(|i| i.text.clone()).collect();
+    let sequential: Vec<Vec<f32>> = texts
+        .iter()
+        .map(|t| {
+            embedder
+                .embed(&[t.as_str()], Task::Document)
+                .unwrap()
+                .into_vec()
+        })
+        .collect();
+
+    let handles: Vec<_> = (0..6)
+        .map(|thread| {
+            let (embedder, texts, sequential) =
+                (embedder.clone(), texts.clone(), sequential.clone());
+            std::thread::spawn(move || {
+                for round in 0..10 {
+                    // Each thread walks the texts from a different offset, alone or in pairs.
+                    let i = (thread * 7 + round * 3) % texts.len();
+                    let j = (i + 1 + thread) % texts.len();
+                    let both = embedder
+                        .embed(&[texts[i].as_str(), texts[j].as_str()], Task::Document)
+                        .unwrap();
+                    for (k, idx) in [i, j].into_iter().enumerate() {
+                        let got = both.get(k).unwrap();
+                        let max_diff = got
+                            .iter()
+                            .zip(&sequential[idx])
+                            .map(|(a, b)| (a - b).abs())
+                            .fold(0.0f32, f32::max);
+                        assert!(max_diff <= 1e-6, "thread {thread} text {idx}: {max_diff}");
+                    }
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.join().expect("no thread panicked");
+    }
+}
