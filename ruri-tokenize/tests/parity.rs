@@ -6,7 +6,12 @@ use ruri_testkit::{Reference, tiny_model_dir};
 use ruri_tokenize::{PaddedBatch, TokenizeError, Tokenizer, Truncation};
 
 fn tokenizer() -> Tokenizer {
-    Tokenizer::from_dir(tiny_model_dir()).expect("the committed tiny model loads")
+    static TOKENIZER: std::sync::OnceLock<Tokenizer> = std::sync::OnceLock::new();
+    TOKENIZER
+        .get_or_init(|| {
+            Tokenizer::from_dir(tiny_model_dir()).expect("the committed tiny model loads")
+        })
+        .clone()
 }
 
 #[test]
@@ -135,5 +140,23 @@ fn padded_batch_of_reference_ids() {
                 assert_eq!((id, m), (3, 0));
             }
         }
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+    /// Any Unicode text: no panic; `<s> … </s>` within the limit; the untruncated count is
+    /// what truncation reports; the error policy refuses exactly the truncated ones.
+    #[test]
+    fn any_text_encodes_within_limits(text in "\\PC{0,400}", max in 3usize..64) {
+        let tok = tokenizer().with_max_length(max).unwrap();
+        let enc = tok.encode("検索クエリ: ", &text, Truncation::Truncate).unwrap();
+        proptest::prop_assert!(enc.len() <= max);
+        proptest::prop_assert_eq!(enc.ids().first(), Some(&1));
+        proptest::prop_assert_eq!(enc.ids().last(), Some(&2));
+        proptest::prop_assert_eq!(enc.truncated(), enc.untruncated_len() > max);
+        let refused = tok.encode("検索クエリ: ", &text, Truncation::Error);
+        proptest::prop_assert_eq!(refused.is_err(), enc.truncated());
     }
 }
