@@ -1,0 +1,226 @@
+//! The Rust side of the side-by-side benchmark (see BENCHMARKS.md and tools/bench/).
+//!
+//! For each system (backend × precision) it starts **a fresh process** of itself, which loads
+//! the model, embeds one query (cold start: exec → first vector, timed from the parent's
+//! clock), then measures document throughput over the workload and single-query latency, and
+//! reports its peak RSS. One JSON object per system goes to stdout, with the same keys as
+//! `tools/bench/python_peers.py`, so `tools/bench/table.py` can put all in one table.
+//!
+//! ```sh
+//! cargo run --release --example compare -- --systems ort_int8,ort_fp32
+//! ```
+
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::Parser;
+use ruri::Embedder;
+use ruri::ort::{OrtEmbedder, Precision};
+
+/// Side-by-side benchmark runner for ruri's backends.
+#[derive(Debug, Parser)]
+struct Args {
+    /// Model folder (default: the ruri-v3-30m-shaped random model).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Workload folder with documents.jsonl and queries.jsonl.
+    #[arg(long)]
+    workload: Option<PathBuf>,
+    /// Comma-separated systems: ort_fp32, ort_int8.
+    #[arg(long, default_value = "ort_int8,ort_fp32")]
+    systems: String,
+    /// Timed passes over the documents (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    repeats: usize,
+    /// ONNX Runtime intra-op threads (default: ONNX Runtime's choice).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Internal: run one system in this process; the value is the parent's clock at spawn
+    /// (seconds since the epoch).
+    #[arg(long, hide = true)]
+    child_started_at: Option<f64>,
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn now_epoch() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn read_jsonl(path: &std::path::Path) -> Result<Vec<String>, String> {
+    #[derive(serde::Deserialize)]
+    struct Line {
+        text: String,
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .map(|(i, l)| {
+            serde_json::from_str::<Line>(l)
+                .map(|l| l.text)
+                .map_err(|e| format!("{} line {}: {e}", path.display(), i + 1))
+        })
+        .collect()
+}
+
+/// Peak resident set (VmHWM) of this process in MB, from /proc.
+fn peak_rss_mb() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i].as_secs_f64() * 1e3
+}
+
+fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn Embedder>, String> {
+    let precision = match system {
+        "ort_fp32" => Precision::Fp32,
+        "ort_int8" => Precision::Int8,
+        other => return Err(format!("unknown system {other:?}")),
+    };
+    let mut builder = OrtEmbedder::builder().precision(precision);
+    if let Some(t) = args.threads {
+        builder = builder.intra_threads(t);
+    }
+    builder
+        .build_from_dir(model)
+        .map(|e| Box::new(e) as Box<dyn Embedder>)
+        .map_err(|e| format!("{e}: {:?}", std::error::Error::source(&e)))
+}
+
+fn child(args: &Args, system: &str, started_at: f64) -> Result<serde_json::Value, String> {
+    let model = args
+        .model
+        .clone()
+        .unwrap_or_else(|| root().join("testdata/generated/ruri-v3-30m-shape"));
+    let workload = args
+        .workload
+        .clone()
+        .unwrap_or_else(|| root().join("testdata/generated/bench"));
+    let queries = read_jsonl(&workload.join("queries.jsonl"))?;
+
+    let embedder = build(system, args, &model)?;
+    embedder
+        .embed_query(&queries[0])
+        .map_err(|e| e.to_string())?;
+    let cold_start_s = now_epoch() - started_at;
+
+    let documents = read_jsonl(&workload.join("documents.jsonl"))?;
+    let docs: Vec<&str> = documents.iter().map(String::as_str).collect();
+    let warm = embedder.embed_documents(&docs).map_err(|e| e.to_string())?;
+    let tokens: usize = warm.token_counts().iter().sum();
+    let mut passes: Vec<f64> = (0..args.repeats.max(1))
+        .map(|_| {
+            let t = Instant::now();
+            embedder
+                .embed_documents(&docs)
+                .map(|_| t.elapsed().as_secs_f64())
+        })
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    passes.sort_by(f64::total_cmp);
+    let median = passes[passes.len() / 2];
+
+    for q in queries.iter().take(20) {
+        embedder.embed_query(q).map_err(|e| e.to_string())?;
+    }
+    let mut latencies: Vec<Duration> = queries
+        .iter()
+        .map(|q| {
+            let t = Instant::now();
+            embedder.embed_query(q).map(|_| t.elapsed())
+        })
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    latencies.sort();
+
+    Ok(serde_json::json!({
+        "system": format!("ruri {system}"),
+        "texts_per_s": docs.len() as f64 / median,
+        "tokens_per_s": tokens as f64 / median,
+        "p50_ms": percentile(&latencies, 0.5),
+        "p99_ms": percentile(&latencies, 0.99),
+        "cold_start_s": cold_start_s,
+        "peak_rss_mb": peak_rss_mb(),
+        "details": {
+            "documents": docs.len(),
+            "document_tokens": tokens,
+            "queries": queries.len(),
+            "repeats": passes.len(),
+            "pass_seconds": passes,
+            "threads": args.threads,
+            "model": model,
+        }
+    }))
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if let Some(started_at) = args.child_started_at {
+        return match child(&args, &args.systems, started_at) {
+            Ok(report) => {
+                println!("{report}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            eprintln!("error: cannot find this executable: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut failed = false;
+    for system in args
+        .systems
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
+        let mut cmd = Command::new(&exe);
+        cmd.arg("--systems").arg(system);
+        cmd.arg("--repeats").arg(args.repeats.to_string());
+        if let Some(m) = &args.model {
+            cmd.arg("--model").arg(m);
+        }
+        if let Some(w) = &args.workload {
+            cmd.arg("--workload").arg(w);
+        }
+        if let Some(t) = args.threads {
+            cmd.arg("--threads").arg(t.to_string());
+        }
+        // The clock is read last, right before exec.
+        cmd.arg("--child-started-at")
+            .arg(format!("{:.6}", now_epoch()));
+        match cmd.output() {
+            Ok(out) if out.status.success() => print!("{}", String::from_utf8_lossy(&out.stdout)),
+            Ok(out) => {
+                eprintln!("{system} failed: {}", String::from_utf8_lossy(&out.stderr));
+                failed = true;
+            }
+            Err(e) => {
+                eprintln!("{system}: cannot start: {e}");
+                failed = true;
+            }
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
