@@ -16,6 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
 use ruri::Embedder;
+use ruri::candle::{CandleEmbedder, DType};
 use ruri::ort::{OrtEmbedder, Precision};
 
 /// Side-by-side benchmark runner for ruri's backends.
@@ -27,7 +28,7 @@ struct Args {
     /// Workload folder with documents.jsonl and queries.jsonl.
     #[arg(long)]
     workload: Option<PathBuf>,
-    /// Comma-separated systems: ort_fp32, ort_int8.
+    /// Comma-separated systems: ort_fp32, ort_int8, candle_f32, candle_bf16.
     #[arg(long, default_value = "ort_int8,ort_fp32")]
     systems: String,
     /// Timed passes over the documents (the median is reported).
@@ -82,19 +83,34 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 }
 
 fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn Embedder>, String> {
-    let precision = match system {
-        "ort_fp32" => Precision::Fp32,
-        "ort_int8" => Precision::Int8,
-        other => return Err(format!("unknown system {other:?}")),
+    let describe = |e: ruri::Error| match std::error::Error::source(&e) {
+        Some(source) => format!("{e}: {source}"),
+        None => e.to_string(),
     };
-    let mut builder = OrtEmbedder::builder().precision(precision);
-    if let Some(t) = args.threads {
-        builder = builder.intra_threads(t);
+    let ort = |precision: Precision| {
+        let mut builder = OrtEmbedder::builder().precision(precision);
+        if let Some(t) = args.threads {
+            builder = builder.intra_threads(t);
+        }
+        builder
+            .build_from_dir(model)
+            .map(|e| Box::new(e) as Box<dyn Embedder>)
+            .map_err(describe)
+    };
+    let candle = |dtype: DType| {
+        CandleEmbedder::builder()
+            .dtype(dtype)
+            .build_from_dir(model)
+            .map(|e| Box::new(e) as Box<dyn Embedder>)
+            .map_err(describe)
+    };
+    match system {
+        "ort_fp32" => ort(Precision::Fp32),
+        "ort_int8" => ort(Precision::Int8),
+        "candle_f32" => candle(DType::F32),
+        "candle_bf16" => candle(DType::BF16),
+        other => Err(format!("unknown system {other:?}")),
     }
-    builder
-        .build_from_dir(model)
-        .map(|e| Box::new(e) as Box<dyn Embedder>)
-        .map_err(|e| format!("{e}: {:?}", std::error::Error::source(&e)))
 }
 
 fn child(args: &Args, system: &str, started_at: f64) -> Result<serde_json::Value, String> {

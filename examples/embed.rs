@@ -14,13 +14,16 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
+use ruri::candle::{CandleEmbedder, DType};
 use ruri::ort::{OrtEmbedder, Precision as OrtPrecision};
-use ruri::{Encoding, Error, Task, Truncation};
+use ruri::{Backend, Encoding, Error, Pipeline, Task, Truncation};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
-enum Backend {
-    /// ONNX Runtime.
+enum BackendArg {
+    /// ONNX Runtime (fp32, int8).
     Ort,
+    /// candle on the CPU (fp32, bf16).
+    Candle,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -59,8 +62,8 @@ struct Args {
     #[arg(long)]
     model: Option<PathBuf>,
     /// Inference backend.
-    #[arg(long, value_enum, default_value_t = Backend::Ort)]
-    backend: Backend,
+    #[arg(long, value_enum, default_value_t = BackendArg::Ort)]
+    backend: BackendArg,
     /// Weights precision.
     #[arg(long, value_enum, default_value_t = Precision::Fp32)]
     precision: Precision,
@@ -82,7 +85,8 @@ struct Args {
     /// Lines read and embedded at a time (bounds memory).
     #[arg(long, default_value_t = 1024)]
     chunk: usize,
-    /// ONNX Runtime intra-op threads (default: ONNX Runtime's choice).
+    /// ONNX Runtime intra-op threads (default: ONNX Runtime's choice). candle follows
+    /// RAYON_NUM_THREADS.
     #[arg(long)]
     threads: Option<usize>,
 }
@@ -134,31 +138,54 @@ fn run(args: Args) -> Result<(), String> {
         );
         dir
     });
-    let precision = match (args.backend, args.precision) {
-        (Backend::Ort, Precision::Fp32) => OrtPrecision::Fp32,
-        (Backend::Ort, Precision::Int8) => OrtPrecision::Int8,
-        (Backend::Ort, Precision::Bf16) => {
-            return Err(
-                "--precision bf16 needs the candle backend, which is not implemented yet".into(),
-            );
+    let embedder = match (args.backend, args.precision) {
+        (BackendArg::Ort, Precision::Fp32 | Precision::Int8) => {
+            let precision = match args.precision {
+                Precision::Int8 => OrtPrecision::Int8,
+                _ => OrtPrecision::Fp32,
+            };
+            let mut builder = OrtEmbedder::builder().precision(precision);
+            if let Some(threads) = args.threads {
+                builder = builder.intra_threads(threads);
+            }
+            Loaded::Ort(builder.build_from_dir(&model).map_err(|e| describe(&e))?)
+        }
+        (BackendArg::Candle, Precision::Fp32 | Precision::Bf16) => {
+            let dtype = match args.precision {
+                Precision::Bf16 => DType::BF16,
+                _ => DType::F32,
+            };
+            let builder = CandleEmbedder::builder().dtype(dtype);
+            Loaded::Candle(builder.build_from_dir(&model).map_err(|e| describe(&e))?)
+        }
+        (BackendArg::Ort, Precision::Bf16) => {
+            return Err("--precision bf16 needs --backend candle".into());
+        }
+        (BackendArg::Candle, Precision::Int8) => {
+            return Err("--precision int8 needs --backend ort (an int8 ONNX file)".into());
         }
     };
-    let mut builder = OrtEmbedder::builder().precision(precision);
-    if let Some(threads) = args.threads {
-        builder = builder.intra_threads(threads);
-    }
-    let embedder = builder.build_from_dir(&model).map_err(|e| describe(&e))?;
-    let pipeline = embedder.pipeline();
     let task = match args.task {
         TaskArg::Query => Task::Query,
         TaskArg::Document => Task::Document,
         TaskArg::Topic => Task::Topic,
         TaskArg::None => Task::None,
     };
-    let prompt = pipeline
-        .prompts()
-        .resolve(&task)
-        .map_err(|e| describe(&e))?;
+    match &embedder {
+        Loaded::Ort(e) => stream(&args, e.pipeline(), &task),
+        Loaded::Candle(e) => stream(&args, e.pipeline(), &task),
+    }
+}
+
+/// The embedder of the chosen backend.
+enum Loaded {
+    Ort(OrtEmbedder),
+    Candle(CandleEmbedder),
+}
+
+/// Reads stdin in chunks, embeds each chunk, writes one JSON line per input, in order.
+fn stream<B: Backend>(args: &Args, pipeline: &Pipeline<B>, task: &Task) -> Result<(), String> {
+    let prompt = pipeline.prompts().resolve(task).map_err(|e| describe(&e))?;
     let truncation = match args.truncate {
         TruncateArg::Truncate => Truncation::Truncate,
         TruncateArg::Error => Truncation::Error,

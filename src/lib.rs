@@ -6,7 +6,9 @@
 //!
 //! # Features
 //!
-//! * `ort` (default): the ONNX Runtime backend, [`ruri_ort`].
+//! * `ort` (default): the ONNX Runtime backend, [`ruri_ort`], as [`ort`].
+//! * `candle` (default): the candle backend on CPU, [`ruri_candle`], as [`candle`].
+//! * `cuda`: CUDA devices for the candle backend (needs the CUDA toolkit to build).
 
 #![deny(missing_docs)]
 
@@ -15,3 +17,7 @@ pub use ruri_core::*;
 /// The ONNX Runtime backend.
 #[cfg(feature = "ort")]
 pub use ruri_ort as ort;
+
+/// The candle backend.
+#[cfg(feature = "candle")]
+pub use ruri_candle as candle;

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use ruri::Embedder;
+use ruri::candle::{CandleEmbedder, DType};
 use ruri::ort::{OrtEmbedder, Precision};
 
 /// The workload: documents (with the document prompt) and short queries (query prompt).
@@ -79,6 +80,15 @@ fn ort(precision: Precision) -> Box<dyn Embedder> {
     )
 }
 
+fn candle(dtype: DType) -> Box<dyn Embedder> {
+    Box::new(
+        CandleEmbedder::builder()
+            .dtype(dtype)
+            .build_from_dir(model_dir())
+            .unwrap_or_else(|e| panic!("building candle {dtype:?}: {e:?}")),
+    )
+}
+
 pub const SYSTEMS: &[System] = &[
     System {
         name: "ort_fp32",
@@ -87,5 +97,13 @@ pub const SYSTEMS: &[System] = &[
     System {
         name: "ort_int8",
         build: || ort(Precision::Int8),
+    },
+    System {
+        name: "candle_f32",
+        build: || candle(DType::F32),
+    },
+    System {
+        name: "candle_bf16",
+        build: || candle(DType::BF16),
     },
 ];

@@ -19,9 +19,17 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// `testdata/`: `RURI_TESTDATA` when set (a test binary carried to another machine, e.g. a
+/// lent GPU), else the workspace's.
+pub fn testdata_dir() -> PathBuf {
+    std::env::var_os("RURI_TESTDATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("testdata"))
+}
+
 /// The committed tiny random-weight model (`testdata/tiny`).
 pub fn tiny_model_dir() -> PathBuf {
-    repo_root().join("testdata/tiny")
+    testdata_dir().join("tiny")
 }
 
 /// A raw and a normalized vector of one input, from one reference implementation.
@@ -72,7 +80,7 @@ pub struct Reference {
 impl Reference {
     /// `testdata/reference/tiny.json`.
     pub fn tiny() -> Self {
-        let path = repo_root().join("testdata/reference/tiny.json");
+        let path = testdata_dir().join("reference/tiny.json");
         let bytes =
             std::fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
         serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
