@@ -123,6 +123,9 @@ fn child(args: &Args, system: &str, started_at: f64) -> Result<serde_json::Value
         .clone()
         .unwrap_or_else(|| root().join("testdata/generated/bench"));
     let queries = read_jsonl(&workload.join("queries.jsonl"))?;
+    if queries.is_empty() {
+        return Err(format!("{} has no queries", workload.display()));
+    }
 
     let embedder = build(system, args, &model)?;
     embedder
@@ -131,6 +134,9 @@ fn child(args: &Args, system: &str, started_at: f64) -> Result<serde_json::Value
     let cold_start_s = now_epoch() - started_at;
 
     let documents = read_jsonl(&workload.join("documents.jsonl"))?;
+    if documents.is_empty() {
+        return Err(format!("{} has no documents", workload.display()));
+    }
     let docs: Vec<&str> = documents.iter().map(String::as_str).collect();
     let warm = embedder.embed_documents(&docs).map_err(|e| e.to_string())?;
     let tokens: usize = warm.token_counts().iter().sum();

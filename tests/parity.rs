@@ -29,12 +29,12 @@ const FP32_VS_ST: Tolerance = Tolerance {
 };
 
 /// int8 against the same int8 file run by onnxruntime-Python, one text at a time: the same
-/// kernels, so only threading may differ.
+/// kernels, so only float summation order (threads) may differ (6e-8 measured).
 const INT8_VS_ORT_PY: Tolerance = Tolerance {
     against: "onnxruntime-Python int8",
     expected: |i| &i.ort_int8,
     min_cosine: 0.999,
-    max_abs_diff: None,
+    max_abs_diff: Some(1e-5),
 };
 
 /// The quantization error itself: int8 against the fp32 model (0.998 measured).

@@ -272,8 +272,15 @@ struct RawPoolingConfig {
     pooling_mode_weightedmean_tokens: bool,
     #[serde(default)]
     pooling_mode_lasttoken: bool,
+    /// Whether prompt tokens count in the mean (sentence-transformers' default: yes).
+    #[serde(default = "default_true")]
+    include_prompt: bool,
     /// sentence-transformers ≥ 5 spelling.
     pooling_mode: Option<String>,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 impl Pooling {
@@ -286,6 +293,9 @@ impl Pooling {
             path: path.to_path_buf(),
             what: format!("pooling {what} (only mean pooling is implemented)"),
         };
+        if !raw.include_prompt {
+            return Err(unsupported("without prompt tokens (include_prompt: false)"));
+        }
         if let Some(mode) = raw.pooling_mode.as_deref() {
             return match mode {
                 "mean" => Ok(Pooling::Mean),

@@ -53,8 +53,8 @@ pub enum Error {
         what: String,
     },
     /// The tokenizer could not be loaded or failed on a text.
-    #[error("tokenizer error")]
-    Tokenizer(#[source] TokenizeError),
+    #[error(transparent)]
+    Tokenizer(TokenizeError),
     /// A text has more tokens than the model accepts and the truncation policy is
     /// [`Truncation::Error`](crate::Truncation::Error).
     #[error("text {index} has {tokens} tokens, more than the model's maximum of {max}")]

@@ -10,8 +10,8 @@
 //!   a padded-token budget → [`Backend`] → mean pooling under the mask → L2 normalization →
 //!   input order.
 //!
-//! A backend crate (`ruri-ort`, later `ruri-candle`) only implements [`Backend`]: a padded batch
-//! of ids in, vectors out.
+//! A backend crate (`ruri-ort`, `ruri-candle`) only implements [`Backend`]: a padded batch of
+//! ids in, vectors out.
 //!
 //! # Example
 //!

@@ -82,6 +82,31 @@ impl Prompts {
     }
 }
 
+/// One entry of `modules.json`.
+#[derive(Deserialize)]
+struct Module {
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+/// Refuses pipelines with modules the shared pipeline does not run (Dense, Normalize, …):
+/// better an error than vectors that silently differ from sentence-transformers'. Ruri v3 is
+/// Transformer + Pooling.
+fn check_modules(path: &Path) -> Result<()> {
+    let modules: Vec<Module> = crate::config::read_json(path)?;
+    for module in &modules {
+        // Legacy `sentence_transformers.models.Pooling` and the 5.x module paths alike.
+        let name = module.kind.rsplit('.').next().unwrap_or_default();
+        if !matches!(name, "Transformer" | "Pooling") {
+            return Err(Error::Unsupported {
+                path: path.to_path_buf(),
+                what: format!("sentence-transformers module {:?}", module.kind),
+            });
+        }
+    }
+    Ok(())
+}
+
 #[derive(Deserialize)]
 struct SentenceTransformersConfig {
     #[serde(default)]
@@ -108,7 +133,9 @@ impl ModelDir {
             return Err(Error::MissingFile { path: root });
         }
         let config = ModelConfig::from_file(root.join("config.json"))?;
-        let layout = if root.join("modules.json").is_file() {
+        let modules_path = root.join("modules.json");
+        let layout = if modules_path.is_file() {
+            check_modules(&modules_path)?;
             Layout::SentenceTransformers
         } else {
             Layout::OnnxPort
@@ -169,8 +196,8 @@ impl ModelDir {
         }
     }
 
-    /// Loads the tokenizer and checks it against `config.json`: same pad id, and no token id
-    /// outside the embedding matrix.
+    /// Loads the tokenizer and checks it against `config.json`: same pad id (checked by
+    /// `ruri-tokenize`), and no token id outside the embedding matrix.
     pub fn tokenizer(&self) -> Result<Tokenizer> {
         let tokenizer = Tokenizer::from_dir(&self.root)?;
         if tokenizer.vocab_size() > self.config.vocab_size {
@@ -180,16 +207,6 @@ impl ModelDir {
                     "the tokenizer has {} pieces but config.json's vocab_size is {}",
                     tokenizer.vocab_size(),
                     self.config.vocab_size
-                ),
-            });
-        }
-        if tokenizer.pad_id() != self.config.pad_token_id {
-            return Err(Error::InvalidConfig {
-                path: self.root.join("config.json"),
-                reason: format!(
-                    "pad_token_id {} differs from the tokenizer's pad id {}",
-                    self.config.pad_token_id,
-                    tokenizer.pad_id()
                 ),
             });
         }

@@ -216,8 +216,9 @@ impl<B: Backend> Pipeline<B> {
         let dim = self.backend.dim();
         let n = encodings.len();
         let mut order: Vec<usize> = (0..n).collect();
-        // Longest first (stable), as sentence-transformers sorts: similar lengths share a
-        // batch, so little padding; the largest batch comes first, so memory peaks early.
+        // Longest first (stable; sentence-transformers sorts too, by characters): similar
+        // lengths share a batch, so little padding; the largest batch comes first, so memory
+        // peaks early.
         order.sort_by_key(|&i| Reverse(encodings[i].len()));
         let sorted_lengths: Vec<usize> = order.iter().map(|&i| encodings[i].len()).collect();
 
@@ -240,7 +241,9 @@ impl<B: Backend> Pipeline<B> {
                 }
                 BackendOutput::TokenEmbeddings(tokens) => {
                     check_shape(tokens.shape(), &[members.len(), batch.seq_len(), dim])?;
-                    let masks = batch.attention_mask().chunks_exact(batch.seq_len());
+                    // `max(1)`: a tokenizer without special tokens can give an all-empty batch,
+                    // whose rows then stay zero vectors.
+                    let masks = batch.attention_mask().chunks_exact(batch.seq_len().max(1));
                     for ((seq, mask), &i) in tokens.outer_iter().zip(masks).zip(members) {
                         mean_pool(seq, mask, &mut data[i * dim..(i + 1) * dim]);
                     }

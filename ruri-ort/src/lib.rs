@@ -32,7 +32,8 @@
 //! # Threads
 //!
 //! An embedder holds a small pool of sessions (one by default). A call takes a session for
-//! each batch, so calls from several threads run concurrently up to the pool size; set
+//! each of its batches in turn, so calls from several threads run concurrently up to the pool
+//! size; set
 //! [`OrtEmbedderBuilder::sessions`] and [`OrtEmbedderBuilder::intra_threads`] so that
 //! `sessions × intra_threads` matches the cores you want used.
 
@@ -146,8 +147,8 @@ impl OrtEmbedderBuilder {
         self
     }
 
-    /// Sessions in the pool (default 1): how many batches may run at once, from one call or
-    /// from concurrent calls. Each session holds its own copy of the weights.
+    /// Sessions in the pool (default 1): how many calls may run a batch at once (one call runs
+    /// its batches one after another). Each session holds its own copy of the weights.
     pub fn sessions(mut self, sessions: usize) -> Self {
         self.sessions = Some(sessions);
         self

@@ -86,7 +86,9 @@ static RUNTIME: Mutex<Option<Loaded>> = Mutex::new(None);
 pub(crate) fn environment(explicit: Option<&Path>) -> Result<Environment> {
     let mut runtime = RUNTIME.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(loaded) = runtime.as_ref() {
-        if let Some(wanted) = explicit.filter(|w| *w != loaded.path) {
+        // Compare resolved paths: `./lib.so` and `/abs/lib.so` are the same library.
+        let same = |w: &Path| std::fs::canonicalize(w).is_ok_and(|w| w == loaded.path);
+        if let Some(wanted) = explicit.filter(|w| !same(w)) {
             return Err(Error::RuntimeUnavailable {
                 runtime: "ONNX Runtime",
                 reason: format!(
@@ -127,7 +129,7 @@ pub(crate) fn environment(explicit: Option<&Path>) -> Result<Environment> {
                         })?;
                 *runtime = Some(Loaded {
                     environment: environment.clone(),
-                    path,
+                    path: std::fs::canonicalize(&path).unwrap_or(path),
                 });
                 return Ok(environment);
             }

@@ -43,12 +43,12 @@ fn threads_sharing_an_embedder_get_their_own_vectors() {
                         .unwrap();
                     for (k, idx) in [i, j].into_iter().enumerate() {
                         let got = both.get(k).unwrap();
-                        let max_diff = got
-                            .iter()
-                            .zip(&sequential[idx])
-                            .map(|(a, b)| (a - b).abs())
-                            .fold(0.0f32, f32::max);
-                        assert!(max_diff <= 1e-6, "thread {thread} text {idx}: {max_diff}");
+                        for (a, b) in got.iter().zip(&sequential[idx]) {
+                            assert!(
+                                (a - b).abs() <= 1e-6,
+                                "thread {thread} text {idx}: {a} vs {b}"
+                            );
+                        }
                     }
                 }
             })

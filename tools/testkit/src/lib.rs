@@ -127,9 +127,19 @@ impl Agreement {
         }
     }
 
-    /// Adds one pair.
+    /// Adds one pair. Non-finite values, or a zero vector where the reference is not, fail
+    /// at once: `f64::min`/`max` would silently skip the NaN they produce.
     pub fn add(&mut self, actual: &[f32], expected: &[f32]) {
-        self.min_cosine = self.min_cosine.min(cosine(actual, expected));
+        assert!(
+            actual.iter().all(|x| x.is_finite()),
+            "non-finite value in {actual:?}"
+        );
+        let cosine = cosine(actual, expected);
+        assert!(
+            cosine.is_finite(),
+            "undefined cosine (zero vector?) for {actual:?}"
+        );
+        self.min_cosine = self.min_cosine.min(cosine);
         self.max_abs_diff = self.max_abs_diff.max(max_abs_diff(actual, expected));
     }
 }

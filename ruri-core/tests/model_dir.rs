@@ -1,0 +1,53 @@
+//! Model folders whose sentence-transformers pipeline the shared pipeline cannot reproduce are
+//! refused, not silently embedded differently.
+
+use ruri_core::{Error, ModelDir};
+use ruri_testkit::{copy_model, tiny_model_dir};
+
+fn tiny_copy() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    copy_model(&tiny_model_dir(), dir.path(), &|_| true);
+    dir
+}
+
+#[test]
+fn extra_modules_are_unsupported() {
+    let dir = tiny_copy();
+    let path = dir.path().join("modules.json");
+    let modules = std::fs::read_to_string(&path).unwrap();
+    let with_normalize = modules.replacen(
+        "\n]",
+        r#", {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
+]"#,
+        1,
+    );
+    assert_ne!(modules, with_normalize);
+    std::fs::write(&path, with_normalize).unwrap();
+    match ModelDir::open(dir.path()) {
+        Err(Error::Unsupported { what, .. }) => assert!(what.contains("Normalize"), "{what}"),
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+}
+
+#[test]
+fn pooling_without_prompt_tokens_is_unsupported() {
+    let dir = tiny_copy();
+    let path = dir.path().join("1_Pooling/config.json");
+    let config = std::fs::read_to_string(&path).unwrap();
+    let changed = config.replace("\"include_prompt\": true", "\"include_prompt\": false");
+    assert_ne!(config, changed);
+    std::fs::write(&path, changed).unwrap();
+    assert!(matches!(
+        ModelDir::open(dir.path()),
+        Err(Error::Unsupported { .. })
+    ));
+}
+
+#[test]
+fn the_committed_folder_opens_with_its_prompts() {
+    let dir = ModelDir::open(tiny_model_dir()).unwrap();
+    assert_eq!(dir.prompts().get("query"), Some("検索クエリ: "));
+    assert_eq!(dir.prompts().get("document"), Some("検索文書: "));
+    assert_eq!(dir.prompts().get("topic"), Some("トピック: "));
+    assert_eq!(dir.config().hidden_size, 64);
+}
