@@ -45,8 +45,8 @@ mod runtime;
 use std::path::{Path, PathBuf};
 
 use ndarray::{Ix2, Ix3};
-use ort::session::Session;
 use ort::session::builder::GraphOptimizationLevel;
+use ort::session::{HasSelectedOutputs, OutputSelector, RunOptions, Session};
 use ort::value::TensorRef;
 use ruri_core::{
     Backend, BackendOutput, BatchOptions, EmbedOptions, Embedder, Embeddings, Error, ModelDir,
@@ -201,8 +201,29 @@ impl OrtEmbedderBuilder {
         for _ in 1..sessions {
             all.push(self.build_session(&environment, &onnx)?);
         }
+        // Fetch only the output we use: a model with both outputs would otherwise copy out
+        // `batch × seq × dim` token embeddings on every run.
+        let output_name = match &signature.output {
+            OutputKind::Pooled(n) | OutputKind::Tokens(n) => n.clone(),
+        };
+        let lanes = all
+            .into_iter()
+            .map(|session| {
+                let run_options = RunOptions::new()
+                    .map_err(|e| Error::Backend {
+                        backend: "ort",
+                        context: "creating run options".into(),
+                        source: Box::new(e),
+                    })?
+                    .with_outputs(OutputSelector::no_default().with(output_name.clone()));
+                Ok(Lane {
+                    session,
+                    run_options,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         let backend = OrtBackend {
-            pool: Pool::new(all),
+            pool: Pool::new(lanes),
             signature,
             onnx,
         };
@@ -318,9 +339,15 @@ impl Signature {
 /// The ONNX Runtime [`Backend`]: a pool of sessions over one ONNX file.
 #[derive(Debug)]
 pub struct OrtBackend {
-    pool: Pool<Session>,
+    pool: Pool<Lane>,
     signature: Signature,
     onnx: PathBuf,
+}
+
+/// A session with its run options (which are not `Sync`, so they travel with the session).
+struct Lane {
+    session: Session,
+    run_options: RunOptions<HasSelectedOutputs>,
 }
 
 impl OrtBackend {
@@ -355,9 +382,13 @@ impl Backend for OrtBackend {
                 self.onnx.display()
             ),
         };
-        self.pool.with(|session| {
-            let outputs = session
-                .run(ort::inputs!["input_ids" => ids, "attention_mask" => mask])
+        self.pool.with(|lane| {
+            let outputs = lane
+                .session
+                .run_with_options(
+                    ort::inputs!["input_ids" => ids, "attention_mask" => mask],
+                    &lane.run_options,
+                )
                 .map_err(|e| self.run_error(e))?;
             // Copy out while the session is held: the output lives in ONNX Runtime's memory.
             match &self.signature.output {
