@@ -77,9 +77,13 @@ fn peak_rss_mb() -> Option<f64> {
     Some(kb / 1024.0)
 }
 
+/// Percentile in ms with linear interpolation between neighbours (numpy's default, as
+/// tools/bench/python_peers.py).
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i].as_secs_f64() * 1e3
+    let rank = (sorted.len() as f64 - 1.0) * p;
+    let (lo, hi) = (rank.floor() as usize, rank.ceil() as usize);
+    let (a, b) = (sorted[lo].as_secs_f64(), sorted[hi].as_secs_f64());
+    (a + (b - a) * (rank - lo as f64)) * 1e3
 }
 
 fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn Embedder>, String> {
@@ -152,7 +156,8 @@ fn child(args: &Args, system: &str, started_at: f64) -> Result<serde_json::Value
     passes.sort_by(f64::total_cmp);
     let median = passes[passes.len() / 2];
 
-    for q in queries.iter().take(20) {
+    // One warm-up pass over the queries, then the timed pass (the peers' protocol).
+    for q in &queries {
         embedder.embed_query(q).map_err(|e| e.to_string())?;
     }
     let mut latencies: Vec<Duration> = queries
