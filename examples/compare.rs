@@ -37,6 +37,12 @@ struct Args {
     /// ONNX Runtime intra-op threads (default: ONNX Runtime's choice).
     #[arg(long)]
     threads: Option<usize>,
+    /// Padded-token budget per batch (default: the library's).
+    #[arg(long)]
+    max_batch_tokens: Option<usize>,
+    /// Texts per batch at most (default: the library's).
+    #[arg(long)]
+    max_batch_size: Option<usize>,
     /// Internal: run one system in this process; the value is the parent's clock at spawn
     /// (seconds since the epoch).
     #[arg(long, hide = true)]
@@ -91,8 +97,17 @@ fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn E
         Some(source) => format!("{e}: {source}"),
         None => e.to_string(),
     };
+    let mut batching = ruri::BatchOptions::default();
+    if let Some(t) = args.max_batch_tokens {
+        batching = batching.max_batch_tokens(t);
+    }
+    if let Some(n) = args.max_batch_size {
+        batching = batching.max_batch_size(n);
+    }
     let ort = |precision: Precision| {
-        let mut builder = OrtEmbedder::builder().precision(precision);
+        let mut builder = OrtEmbedder::builder()
+            .precision(precision)
+            .batching(batching);
         if let Some(t) = args.threads {
             builder = builder.intra_threads(t);
         }
@@ -104,6 +119,7 @@ fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn E
     let candle = |dtype: DType| {
         CandleEmbedder::builder()
             .dtype(dtype)
+            .batching(batching)
             .build_from_dir(model)
             .map(|e| Box::new(e) as Box<dyn Embedder>)
             .map_err(describe)
@@ -185,6 +201,8 @@ fn child(args: &Args, system: &str, started_at: f64) -> Result<serde_json::Value
             "repeats": passes.len(),
             "pass_seconds": passes,
             "threads": args.threads,
+            "max_batch_tokens": args.max_batch_tokens,
+            "max_batch_size": args.max_batch_size,
             "model": model,
         }
     }))
@@ -229,6 +247,12 @@ fn main() -> ExitCode {
         }
         if let Some(t) = args.threads {
             cmd.arg("--threads").arg(t.to_string());
+        }
+        if let Some(t) = args.max_batch_tokens {
+            cmd.arg("--max-batch-tokens").arg(t.to_string());
+        }
+        if let Some(n) = args.max_batch_size {
+            cmd.arg("--max-batch-size").arg(n.to_string());
         }
         // The clock is read last, right before exec.
         cmd.arg("--child-started-at")
