@@ -62,6 +62,39 @@ def main() -> None:
     if peak:
         print(f"\nfp32 peak {pk} GFLOP/s ({peak['method']}); "
               f"{fpt / 1e6:.3f} MFLOP/token at L = {peak['model']['workload_token_weighted_length']}.")
+    print_ratios(rows)
+
+
+# Metric, label, and whether larger is better (ratios are written so that > 1 means better).
+RATIOS = [
+    ("texts_per_s", "texts/s", True),
+    ("p50_ms", "p50 latency", False),
+    ("p99_ms", "p99 latency", False),
+    ("cold_start_s", "cold start", False),
+    ("peak_rss_mb", "peak RSS", False),
+]
+
+
+def print_ratios(rows: list[dict]) -> None:
+    """One table per metric: each ruri system against each peer, > 1 meaning ruri is better
+    (faster, quicker, smaller)."""
+    ours = [r for r in rows if r["system"].startswith("ruri ")]
+    peers = [r for r in rows if not r["system"].startswith("ruri ")]
+    if not ours or not peers:
+        return
+    for key, label, larger_better in RATIOS:
+        print(f"\n**{label}: ruri ÷ peer as an improvement factor (> 1: ruri better)**\n")
+        print("| ruri system | " + " | ".join(p["system"] for p in peers) + " |")
+        print("|---|" + "---:|" * len(peers))
+        for r in ours:
+            cells = []
+            for p in peers:
+                a, b = r.get(key), p.get(key)
+                if not a or not b:
+                    cells.append("–")
+                else:
+                    cells.append(f"{(a / b) if larger_better else (b / a):.2f}×")
+            print(f"| {r['system']} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
