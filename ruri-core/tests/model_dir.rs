@@ -2,7 +2,7 @@
 //! refused, not silently embedded differently.
 
 use ruri_core::{Error, ModelDir};
-use ruri_testkit::{copy_model, tiny_model_dir};
+use ruri_testkit::{copy_model, edit_file, tiny_model_dir};
 
 fn tiny_copy() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
@@ -13,16 +13,12 @@ fn tiny_copy() -> tempfile::TempDir {
 #[test]
 fn extra_modules_are_unsupported() {
     let dir = tiny_copy();
-    let path = dir.path().join("modules.json");
-    let modules = std::fs::read_to_string(&path).unwrap();
-    let with_normalize = modules.replacen(
+    edit_file(
+        &dir.path().join("modules.json"),
         "\n]",
         r#", {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
 ]"#,
-        1,
     );
-    assert_ne!(modules, with_normalize);
-    std::fs::write(&path, with_normalize).unwrap();
     match ModelDir::open(dir.path()) {
         Err(Error::Unsupported { what, .. }) => assert!(what.contains("Normalize"), "{what}"),
         other => panic!("expected Unsupported, got {other:?}"),
@@ -32,11 +28,11 @@ fn extra_modules_are_unsupported() {
 #[test]
 fn pooling_without_prompt_tokens_is_unsupported() {
     let dir = tiny_copy();
-    let path = dir.path().join("1_Pooling/config.json");
-    let config = std::fs::read_to_string(&path).unwrap();
-    let changed = config.replace("\"include_prompt\": true", "\"include_prompt\": false");
-    assert_ne!(config, changed);
-    std::fs::write(&path, changed).unwrap();
+    edit_file(
+        &dir.path().join("1_Pooling/config.json"),
+        "\"include_prompt\": true",
+        "\"include_prompt\": false",
+    );
     assert!(matches!(
         ModelDir::open(dir.path()),
         Err(Error::Unsupported { .. })

@@ -1,9 +1,10 @@
 //! Model folders in both layouts, and broken ones: each problem is a typed error, never a
 //! panic.
 
+use ruri_core::tokenize::TokenizeError;
 use ruri_core::{Embedder, Error, Layout, ModelDir, Task};
 use ruri_ort::{OrtEmbedder, Precision};
-use ruri_testkit::{Agreement, Reference, copy_model, tiny_model_dir};
+use ruri_testkit::{Agreement, Reference, copy_model, edit_file, tiny_model_dir};
 
 fn copy_tiny(keep: &dyn Fn(&str) -> bool) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
@@ -140,44 +141,40 @@ fn corrupt_files() {
 
 #[test]
 fn config_that_disagrees_with_the_files() {
-    // hidden_size that the ONNX output does not have.
-    let dir = copy_tiny(&|_| true);
-    let path = dir.path().join("config.json");
-    let config = std::fs::read_to_string(&path).unwrap();
-    std::fs::write(
-        &path,
-        config.replace("\"hidden_size\": 64", "\"hidden_size\": 32"),
-    )
-    .unwrap();
-    assert!(matches!(
-        build(dir.path()),
-        Err(Error::InvalidConfig { .. })
-    ));
-
-    // A vocabulary smaller than the tokenizer's: ids would index past the embedding matrix.
-    let dir = copy_tiny(&|_| true);
-    let path = dir.path().join("config.json");
-    let config = std::fs::read_to_string(&path).unwrap();
-    std::fs::write(
-        &path,
-        config.replace("\"vocab_size\": 8000", "\"vocab_size\": 100"),
-    )
-    .unwrap();
-    assert!(matches!(
-        build(dir.path()),
-        Err(Error::InvalidConfig { .. })
-    ));
-
-    // A pad id that is not the tokenizer's.
-    let dir = copy_tiny(&|_| true);
-    let path = dir.path().join("config.json");
-    let config = std::fs::read_to_string(&path).unwrap();
-    std::fs::write(
-        &path,
-        config.replace("\"pad_token_id\": 3", "\"pad_token_id\": 0"),
-    )
-    .unwrap();
-    assert!(matches!(build(dir.path()), Err(Error::Tokenizer(_))));
+    fn invalid_config(e: &Error) -> bool {
+        matches!(e, Error::InvalidConfig { .. })
+    }
+    fn pad_mismatch(e: &Error) -> bool {
+        matches!(
+            e,
+            Error::Tokenizer(TokenizeError::PadIdMismatch {
+                tokenizer: 3,
+                config: 0
+            })
+        )
+    }
+    /// The edit to config.json, and the error it must cause.
+    type Case = (&'static str, &'static str, fn(&Error) -> bool);
+    let cases: [Case; 3] = [
+        // hidden_size that the ONNX output does not have.
+        ("\"hidden_size\": 64", "\"hidden_size\": 32", invalid_config),
+        // A vocabulary smaller than the tokenizer's: ids would index past the embeddings.
+        (
+            "\"vocab_size\": 8000",
+            "\"vocab_size\": 100",
+            invalid_config,
+        ),
+        // A pad id that is not the tokenizer's.
+        ("\"pad_token_id\": 3", "\"pad_token_id\": 0", pad_mismatch),
+    ];
+    for (from, to, expected) in cases {
+        let dir = copy_tiny(&|_| true);
+        edit_file(&dir.path().join("config.json"), from, to);
+        match build(dir.path()) {
+            Err(e) if expected(&e) => {}
+            other => panic!("{to}: unexpected {other:?}"),
+        }
+    }
 }
 
 #[test]

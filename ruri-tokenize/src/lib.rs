@@ -30,9 +30,9 @@
 
 mod batch;
 mod error;
+pub mod files;
 
 use std::borrow::Cow;
-use std::fs;
 use std::path::Path;
 
 use serde::Deserialize;
@@ -40,6 +40,7 @@ use tokenizers::TruncationDirection;
 
 pub use batch::PaddedBatch;
 pub use error::{Result, TokenizeError};
+use files::read_optional_json;
 
 /// What to do with a text whose tokens (special tokens included) exceed the maximum length.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -137,26 +138,6 @@ impl TokenSpelling {
 struct ModelConfigLengths {
     max_position_embeddings: Option<usize>,
     pad_token_id: Option<u32>,
-}
-
-/// Reads and parses an optional JSON file: `Ok(None)` when it does not exist.
-fn read_optional_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>> {
-    let bytes = match fs::read(path) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => {
-            return Err(TokenizeError::Io {
-                path: path.to_path_buf(),
-                source,
-            });
-        }
-    };
-    serde_json::from_slice(&bytes)
-        .map(Some)
-        .map_err(|source| TokenizeError::InvalidJson {
-            path: path.to_path_buf(),
-            source,
-        })
 }
 
 impl Tokenizer {

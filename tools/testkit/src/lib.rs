@@ -172,3 +172,12 @@ pub fn copy_model(src: &Path, dest: &Path, keep: &dyn Fn(&str) -> bool) {
     }
     walk(src, src, dest, keep);
 }
+
+/// Replaces `from` with `to` in a text file, asserting that something changed (so a test that
+/// breaks a file cannot silently test the unbroken one).
+pub fn edit_file(path: &Path, from: &str, to: &str) {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let edited = text.replace(from, to);
+    assert_ne!(text, edited, "{from:?} not found in {}", path.display());
+    std::fs::write(path, edited).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+}
