@@ -181,8 +181,9 @@ impl CandleEmbedderBuilder {
     /// Opens the model folder, maps `model.safetensors` and loads the weights on the device.
     pub fn build_from_dir(self, dir: impl AsRef<Path>) -> Result<CandleEmbedder> {
         let dir = ModelDir::open(dir)?;
-        let backend = CandleBackend::load(&dir, self.device, self.dtype, self.local_attention)?;
-        let pipeline = Pipeline::from_model_dir(&dir, backend, self.batching)?;
+        let pipeline = Pipeline::load(&dir, self.batching, || {
+            CandleBackend::load(&dir, self.device, self.dtype, self.local_attention)
+        })?;
         Ok(CandleEmbedder { pipeline })
     }
 }

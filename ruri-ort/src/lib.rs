@@ -194,40 +194,42 @@ impl OrtEmbedderBuilder {
                 reason: "leave it unset for ONNX Runtime's default",
             });
         }
-        let environment = runtime::environment(self.runtime_path.as_deref())?;
-        let first = self.build_session(&environment, &onnx)?;
-        let signature = Signature::inspect(&first, &onnx, dir.config().hidden_size)?;
-        let mut all = vec![first];
-        for _ in 1..sessions {
-            all.push(self.build_session(&environment, &onnx)?);
-        }
-        // Fetch only the output we use: a model with both outputs would otherwise copy out
-        // `batch × seq × dim` token embeddings on every run.
-        let output_name = match &signature.output {
-            OutputKind::Pooled(n) | OutputKind::Tokens(n) => n.clone(),
-        };
-        let lanes = all
-            .into_iter()
-            .map(|session| {
-                let run_options = RunOptions::new()
-                    .map_err(|e| Error::Backend {
-                        backend: "ort",
-                        context: "creating run options".into(),
-                        source: Box::new(e),
-                    })?
-                    .with_outputs(OutputSelector::no_default().with(output_name.clone()));
-                Ok(Lane {
-                    session,
-                    run_options,
+        let pipeline = Pipeline::load(&dir, self.batching, || {
+            let environment = runtime::environment(self.runtime_path.as_deref())?;
+            let first = self.build_session(&environment, &onnx)?;
+            let signature = Signature::inspect(&first, &onnx, dir.config().hidden_size)?;
+            let mut all = vec![first];
+            for _ in 1..sessions {
+                all.push(self.build_session(&environment, &onnx)?);
+            }
+            // Fetch only the output we use: a model with both outputs would otherwise copy out
+            // `batch × seq × dim` token embeddings on every run.
+            let output_name = match &signature.output {
+                OutputKind::Pooled(n) | OutputKind::Tokens(n) => n.clone(),
+            };
+            let lanes = all
+                .into_iter()
+                .map(|session| {
+                    let run_options = RunOptions::new()
+                        .map_err(|e| Error::Backend {
+                            backend: "ort",
+                            context: "creating run options".into(),
+                            source: Box::new(e),
+                        })?
+                        .with_outputs(OutputSelector::no_default().with(output_name.clone()));
+                    Ok(Lane {
+                        session,
+                        run_options,
+                    })
                 })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let backend = OrtBackend {
-            pool: Pool::new(lanes),
-            signature,
-            onnx,
-        };
-        let pipeline = Pipeline::from_model_dir(&dir, backend, self.batching)?;
+                .collect::<Result<Vec<_>>>()?;
+            let backend = OrtBackend {
+                pool: Pool::new(lanes),
+                signature,
+                onnx,
+            };
+            Ok(backend)
+        })?;
         Ok(OrtEmbedder { pipeline })
     }
 
