@@ -1,0 +1,277 @@
+//! An HTTP embedding server: the shape of a serverless embedding container.
+//!
+//! ```sh
+//! cargo run --release --example serve -- --model path/to/ruri-v3-30m --precision int8
+//! curl -s localhost:8080/v1/embeddings -H 'content-type: application/json' \
+//!      -d '{"input": ["瑠璃色はどんな色？"], "prompt_name": "query"}'
+//! ```
+//!
+//! It listens at once and loads the model on a thread of its own: `GET /health` is 200 from
+//! the start, `GET /ready` is 503 until the model is loaded and warmed up (500 with the error
+//! if loading failed), and embedding routes answer 503 with `Retry-After` until then.
+//!
+//! * `POST /v1/embeddings`: OpenAI's shape (`input`, `model` (ignored), `encoding_format`
+//!   `float`|`base64`, `dimensions`), plus two extensions: `prompt_name` and `truncate`.
+//!   Without `prompt_name` texts get the `--default-prompt-name` prompt, by default none:
+//!   OpenAI clients send queries and documents alike, so send `"prompt_name": "query"` or
+//!   `"document"` for retrieval.
+//! * `POST /embed`: text-embeddings-inference's shape (`inputs`, `normalize`, `truncate`,
+//!   `prompt_name`, `dimensions`); answers an array of vectors.
+//! * `GET /metrics`: Prometheus (OpenMetrics text).
+//!
+//! Concurrent requests are tokenized on the blocking pool, queued, and merged by one model
+//! worker into single backend calls, so the pipeline's length-sorted, token-budgeted batching
+//! covers them all. Inputs over the model's maximum length are refused (413) unless the
+//! request says `"truncate": true`. With `RURI_API_KEY` set, embedding routes need
+//! `Authorization: Bearer <key>`. SIGTERM or Ctrl-C stops accepting connections and finishes
+//! the requests in flight.
+
+#[path = "serve/mod.rs"]
+mod server;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, ValueEnum};
+use ruri::candle::{CandleEmbedder, DType};
+use ruri::ort::{OrtEmbedder, Precision as OrtPrecision};
+use ruri::{Embeddings, Encoding, Prompts, Tokenizer};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum BackendArg {
+    /// ONNX Runtime (fp32, int8).
+    Ort,
+    /// candle on the CPU (fp32, bf16).
+    Candle,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Precision {
+    Fp32,
+    Int8,
+    Bf16,
+}
+
+/// Serve Ruri v3 embeddings over HTTP (OpenAI and TEI shapes).
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    addr: String,
+    /// Model folder (sentence-transformers layout with onnx/, or an ONNX port). Default: the
+    /// committed tiny random-weight test model.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Inference backend.
+    #[arg(long, value_enum, default_value_t = BackendArg::Ort)]
+    backend: BackendArg,
+    /// Weights precision.
+    #[arg(long, value_enum, default_value_t = Precision::Fp32)]
+    precision: Precision,
+    /// ONNX Runtime intra-op threads (default: ONNX Runtime's choice).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Model name echoed in OpenAI answers (default: the model folder's name).
+    #[arg(long)]
+    model_name: Option<String>,
+    /// Prompt for requests that name none: query, document, topic (default: no prompt).
+    #[arg(long)]
+    default_prompt_name: Option<String>,
+    /// Largest request body, in bytes.
+    #[arg(long, default_value_t = server::Config::default().max_body_bytes)]
+    max_body_bytes: usize,
+    /// Most inputs in one request.
+    #[arg(long, default_value_t = server::Config::default().max_inputs)]
+    max_inputs: usize,
+    /// Tokens allowed to wait for the model; past it requests get 429.
+    #[arg(long, default_value_t = server::Config::default().max_queue_tokens)]
+    max_queue_tokens: usize,
+    /// Most tokens merged into one backend call.
+    #[arg(long, default_value_t = server::Config::default().max_merge_tokens)]
+    max_merge_tokens: usize,
+}
+
+/// The embedder of the chosen backend.
+enum Loaded {
+    Ort(OrtEmbedder),
+    Candle(CandleEmbedder),
+}
+
+impl Loaded {
+    fn pipeline(&self) -> &dyn server::Engine {
+        match self {
+            Loaded::Ort(e) => e.pipeline(),
+            Loaded::Candle(e) => e.pipeline(),
+        }
+    }
+}
+
+impl server::Engine for Loaded {
+    fn tokenizer(&self) -> &Tokenizer {
+        self.pipeline().tokenizer()
+    }
+    fn prompts(&self) -> &Prompts {
+        self.pipeline().prompts()
+    }
+    fn dim(&self) -> usize {
+        self.pipeline().dim()
+    }
+    fn embed_raw(&self, encodings: &[Encoding]) -> ruri::Result<Embeddings> {
+        self.pipeline().embed_raw(encodings)
+    }
+}
+
+fn main() -> ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> Result<(), String> {
+    // Refuse impossible flag combinations before listening, not through /ready.
+    match (args.backend, args.precision) {
+        (BackendArg::Ort, Precision::Bf16) => {
+            return Err("--precision bf16 needs --backend candle".into());
+        }
+        (BackendArg::Candle, Precision::Int8) => {
+            return Err("--precision int8 needs --backend ort (an int8 ONNX file)".into());
+        }
+        _ => {}
+    }
+    for (name, value) in [
+        ("--max-inputs", args.max_inputs),
+        ("--max-queue-tokens", args.max_queue_tokens),
+        ("--max-merge-tokens", args.max_merge_tokens),
+        ("--max-body-bytes", args.max_body_bytes),
+    ] {
+        if value == 0 {
+            return Err(format!("{name} must be positive"));
+        }
+    }
+    let api_key = match std::env::var("RURI_API_KEY") {
+        Ok(key) if key.is_empty() => {
+            return Err("RURI_API_KEY is set but empty; unset it or give it a value".into());
+        }
+        Ok(key) => Some(key),
+        Err(std::env::VarError::NotPresent) => None,
+        Err(std::env::VarError::NotUnicode(_)) => {
+            return Err("RURI_API_KEY is not valid UTF-8".into());
+        }
+    };
+    let model = args.model.clone().unwrap_or_else(|| {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata/tiny");
+        eprintln!(
+            "note: no --model given; using {}, a random-weight TEST model: its vectors mean nothing",
+            dir.display()
+        );
+        dir
+    });
+    let model_name = args.model_name.clone().unwrap_or_else(|| {
+        model
+            .file_name()
+            .map_or_else(|| "ruri".to_owned(), |n| n.to_string_lossy().into_owned())
+    });
+    let config = server::Config {
+        model_name,
+        default_prompt_name: args.default_prompt_name.clone(),
+        max_body_bytes: args.max_body_bytes,
+        max_inputs: args.max_inputs,
+        max_queue_tokens: args.max_queue_tokens,
+        max_merge_tokens: args.max_merge_tokens,
+        api_key,
+    };
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("starting the async runtime: {e}"))?;
+    runtime.block_on(async move {
+        // Bind first: a busy port fails at once, and the platform sees a listener before the
+        // model is in memory.
+        let listener = tokio::net::TcpListener::bind(&args.addr)
+            .await
+            .map_err(|e| format!("cannot listen on {}: {e}", args.addr))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| format!("cannot read the bound address: {e}"))?;
+        eprintln!(
+            "listening on http://{local}; loading {} ({:?} {:?})",
+            model.display(),
+            args.backend,
+            args.precision
+        );
+        let router = server::start(config, move || load(&args, &model))
+            .map_err(|e| format!("cannot start the model thread: {e}"))?;
+        server::serve(listener, router, shutdown_signal())
+            .await
+            .map_err(|e| format!("server error: {e}"))
+    })?;
+    eprintln!("stopped");
+    Ok(())
+}
+
+fn load(args: &Args, model: &std::path::Path) -> server::LoadResult {
+    let loaded = match (args.backend, args.precision) {
+        (BackendArg::Candle, _) => {
+            let dtype = match args.precision {
+                Precision::Bf16 => DType::BF16,
+                _ => DType::F32,
+            };
+            CandleEmbedder::builder()
+                .dtype(dtype)
+                .build_from_dir(model)
+                .map(Loaded::Candle)
+        }
+        (BackendArg::Ort, _) => {
+            let precision = match args.precision {
+                Precision::Int8 => OrtPrecision::Int8,
+                _ => OrtPrecision::Fp32,
+            };
+            let mut builder = OrtEmbedder::builder().precision(precision);
+            if let Some(threads) = args.threads {
+                builder = builder.intra_threads(threads);
+            }
+            builder.build_from_dir(model).map(Loaded::Ort)
+        }
+    };
+    match loaded {
+        Ok(loaded) => Ok(Arc::new(loaded)),
+        Err(e) => Err(server::describe(&e)),
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM (what container platforms send before stopping).
+async fn shutdown_signal() {
+    let interrupt = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            eprintln!("warning: cannot listen for Ctrl-C: {e}");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut stream) => {
+                stream.recv().await;
+            }
+            Err(e) => {
+                eprintln!("warning: cannot listen for SIGTERM: {e}");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
+    eprintln!("shutting down: no new connections; finishing the requests in flight");
+}

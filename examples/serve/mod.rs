@@ -1,0 +1,626 @@
+//! The embedding server behind `examples/serve.rs`, kept apart from `main` so the integration
+//! tests (`tests/server.rs`) build the same router around a model they control.
+//!
+//! Request path: auth → parse → validate → tokenize (blocking pool) → admit into the queue
+//! (token budget) → the model worker merges waiting requests into one backend call → rows back
+//! over a oneshot → normalize / cut dimensions / serialize (blocking pool) → answer.
+
+pub mod api;
+pub mod metrics;
+pub mod queue;
+
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::serve::ListenerExt;
+use base64::Engine as _;
+use ruri::{Backend, Embeddings, Encoding, Error, Pipeline, Prompts, Task, Tokenizer, Truncation};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot};
+
+use api::{ApiError, EncodingFormat, ErrorKind, Flavor, OpenAiRequest, TeiRequest};
+use metrics::Metrics;
+use queue::{Depth, Job};
+
+/// What the server needs from a loaded model.
+pub trait Engine: Send + Sync {
+    fn tokenizer(&self) -> &Tokenizer;
+    fn prompts(&self) -> &Prompts;
+    fn dim(&self) -> usize;
+    /// Mean-pooled, unnormalized vectors of already-tokenized texts, in order.
+    fn embed_raw(&self, encodings: &[Encoding]) -> ruri::Result<Embeddings>;
+}
+
+impl<B: Backend> Engine for Pipeline<B> {
+    fn tokenizer(&self) -> &Tokenizer {
+        Pipeline::tokenizer(self)
+    }
+    fn prompts(&self) -> &Prompts {
+        Pipeline::prompts(self)
+    }
+    fn dim(&self) -> usize {
+        self.backend().dim()
+    }
+    fn embed_raw(&self, encodings: &[Encoding]) -> ruri::Result<Embeddings> {
+        self.embed_encodings(encodings, false)
+    }
+}
+
+/// What loading produces: the model, or the message `/ready` reports.
+pub type LoadResult = Result<Arc<dyn Engine>, String>;
+
+/// Server limits and identity.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The `model` echoed in OpenAI answers.
+    pub model_name: String,
+    /// Prompt used when a request names none (`None`: no prompt).
+    pub default_prompt_name: Option<String>,
+    /// Larger bodies are refused with 413.
+    pub max_body_bytes: usize,
+    /// More inputs in one request are refused with 413.
+    pub max_inputs: usize,
+    /// Tokens allowed to wait for the model; past it, 429.
+    pub max_queue_tokens: usize,
+    /// Tokens merged into one backend call at most (a single larger request runs alone).
+    pub max_merge_tokens: usize,
+    /// When set, embedding routes need `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            model_name: "ruri".to_owned(),
+            default_prompt_name: None,
+            max_body_bytes: 2 * 1024 * 1024,
+            max_inputs: 256,
+            max_queue_tokens: 131_072,
+            max_merge_tokens: 16_384,
+            api_key: None,
+        }
+    }
+}
+
+/// State shared by the handlers and the model thread.
+struct Shared {
+    config: Config,
+    /// Empty while loading.
+    model: OnceLock<LoadResult>,
+    depth: Depth,
+    metrics: Metrics,
+}
+
+/// The router's state: the shared part and the queue's sending end. The model worker stops
+/// once every clone of it is gone.
+#[derive(Clone)]
+struct App {
+    shared: Arc<Shared>,
+    jobs: mpsc::UnboundedSender<Job>,
+}
+
+/// Builds the router and starts loading on a thread of its own, which then becomes the model
+/// worker. Routes answer at once; embedding routes say 503 until `load` has returned.
+pub fn start(
+    config: Config,
+    load: impl FnOnce() -> LoadResult + Send + 'static,
+) -> std::io::Result<Router> {
+    let (jobs, receiver) = mpsc::unbounded_channel();
+    let shared = Arc::new(Shared {
+        config,
+        model: OnceLock::new(),
+        depth: Depth::default(),
+        metrics: Metrics::new(),
+    });
+    let worker_shared = Arc::clone(&shared);
+    std::thread::Builder::new()
+        .name("ruri-model".into())
+        .spawn(move || {
+            let shared = worker_shared;
+            let started = Instant::now();
+            let result = catch_panic(load).and_then(|engine| {
+                check_default_prompt(&*engine, shared.config.default_prompt_name.as_deref())?;
+                warm_up(&*engine)?;
+                Ok(engine)
+            });
+            let engine = match &result {
+                Ok(engine) => {
+                    let seconds = started.elapsed().as_secs_f64();
+                    eprintln!(
+                        "model ready in {:.0} ms ({} dimensions, up to {} tokens per input)",
+                        seconds * 1e3,
+                        engine.dim(),
+                        engine.tokenizer().max_length()
+                    );
+                    shared.metrics.load_seconds.set(seconds);
+                    shared.metrics.ready.set(1);
+                    Some(Arc::clone(engine))
+                }
+                Err(message) => {
+                    eprintln!("error: the model failed to load: {message}");
+                    None
+                }
+            };
+            shared
+                .model
+                .set(result)
+                .unwrap_or_else(|_| unreachable!("only this thread sets the model"));
+            if let Some(engine) = engine {
+                let max_merge = shared.config.max_merge_tokens;
+                queue::run_worker(engine, receiver, &shared.depth, &shared.metrics, max_merge);
+            }
+        })?;
+    Ok(router(App { shared, jobs }))
+}
+
+/// Serves until `shutdown` resolves, then stops accepting and lets requests in flight finish.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    // Answers are written whole; Nagle's algorithm would only hold back their last segment.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            eprintln!("warning: cannot set TCP_NODELAY: {e}");
+        }
+    });
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+fn router(app: App) -> Router {
+    let body_limit = app.shared.config.max_body_bytes;
+    let embedding = Router::new()
+        .route("/v1/embeddings", post(openai_embeddings))
+        .route("/embed", post(tei_embed))
+        .route_layer(middleware::from_fn_with_state(app.clone(), require_api_key));
+    Router::new()
+        .merge(embedding)
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics_text))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn_with_state(app.clone(), track))
+        .with_state(app)
+}
+
+/// Formats an error with its chain of causes.
+pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
+}
+
+fn catch_panic(load: impl FnOnce() -> LoadResult) -> LoadResult {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(load)).unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".to_owned());
+        Err(format!("loading panicked: {what}"))
+    })
+}
+
+fn check_default_prompt(engine: &dyn Engine, name: Option<&str>) -> Result<(), String> {
+    match name {
+        Some(name) => resolve_prompt(engine.prompts(), name)
+            .map(drop)
+            .map_err(|e| format!("--default-prompt-name: {}", e.message)),
+        None => Ok(()),
+    }
+}
+
+/// One short text through the whole path, so the first request does not pay for ONNX
+/// Runtime's first run. Deliberately short: a long warm-up would grow the arenas (and so the
+/// resident memory) for nothing.
+fn warm_up(engine: &dyn Engine) -> Result<(), String> {
+    let encoding = engine
+        .tokenizer()
+        .encode("", "ウォームアップ", Truncation::Truncate)
+        .map_err(|e| format!("warm-up tokenization failed: {}", describe(&Error::from(e))))?;
+    engine
+        .embed_raw(&[encoding])
+        .map(drop)
+        .map_err(|e| format!("warm-up inference failed: {}", describe(&e)))
+}
+
+fn prompt_names(prompts: &Prompts) -> String {
+    prompts
+        .iter()
+        .map(|(name, _)| format!("{name:?}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn resolve_prompt(prompts: &Prompts, name: &str) -> Result<String, ApiError> {
+    // `""` is sentence-transformers' name for no prompt, whatever the config lists.
+    let task = if name.is_empty() {
+        Task::None
+    } else {
+        Task::Named(name.to_owned())
+    };
+    prompts.resolve(&task).map(str::to_owned).map_err(|_| {
+        ApiError::new(
+            ErrorKind::Invalid,
+            format!(
+                "unknown prompt_name {name:?}; this model has {}",
+                prompt_names(prompts)
+            ),
+        )
+        .param("prompt_name")
+    })
+}
+
+/// Counts every answer by route and status, with its latency.
+async fn track(State(app): State<App>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", MatchedPath::as_str)
+        .to_owned();
+    let response = next.run(request).await;
+    app.shared
+        .metrics
+        .observe_request(&route, response.status().as_u16(), started.elapsed());
+    response
+}
+
+async fn require_api_key(State(app): State<App>, request: Request, next: Next) -> Response {
+    if let Some(key) = &app.shared.config.api_key {
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "));
+        if !given.is_some_and(|given| same_secret(given.as_bytes(), key.as_bytes())) {
+            let flavor = Flavor::of_path(request.uri().path());
+            return ApiError::new(
+                ErrorKind::Unauthorized,
+                "missing or wrong API key: send \"Authorization: Bearer <key>\"",
+            )
+            .into_response(flavor);
+        }
+    }
+    next.run(request).await
+}
+
+/// Equality whose time does not depend on where the first difference is.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn health() -> Response {
+    axum::Json(serde_json::json!({"status": "ok"})).into_response()
+}
+
+async fn ready(State(app): State<App>) -> Response {
+    match app.shared.model.get() {
+        None => {
+            let mut response = (
+                StatusCode::SERVICE_UNAVAILABLE,
+                axum::Json(serde_json::json!({"status": "loading"})),
+            )
+                .into_response();
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(1u32));
+            response
+        }
+        Some(Ok(engine)) => axum::Json(serde_json::json!({
+            "status": "ready",
+            "model": app.shared.config.model_name,
+            "dimensions": engine.dim(),
+            "max_input_tokens": engine.tokenizer().max_length(),
+        }))
+        .into_response(),
+        Some(Err(message)) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            axum::Json(serde_json::json!({"status": "failed", "error": message})),
+        )
+            .into_response(),
+    }
+}
+
+async fn metrics_text(State(app): State<App>) -> Response {
+    let shared = &app.shared;
+    let depth = &shared.depth;
+    let as_gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+    shared
+        .metrics
+        .queue_requests
+        .set(as_gauge(depth.requests.load(Ordering::Acquire)));
+    shared
+        .metrics
+        .queue_tokens
+        .set(as_gauge(depth.tokens.load(Ordering::Acquire)));
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        shared.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn not_found(request: Request) -> Response {
+    ApiError::new(
+        ErrorKind::NotFound,
+        format!(
+            "no route {} {}; routes: POST /v1/embeddings, POST /embed, GET /health, GET /ready, GET /metrics",
+            request.method(),
+            request.uri().path()
+        ),
+    )
+    .into_response(Flavor::Tei)
+}
+
+/// One embedding request, whichever API it came through.
+struct Work {
+    texts: Vec<String>,
+    prompt_name: Option<String>,
+    truncate: bool,
+    normalize: bool,
+    dimensions: Option<usize>,
+}
+
+/// Vectors ready to serialize: `rows` is `n × dim`, normalized if asked.
+struct Done {
+    rows: Vec<f32>,
+    dim: usize,
+    tokens: usize,
+}
+
+async fn openai_embeddings(
+    State(app): State<App>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    openai_inner(&app, body)
+        .await
+        .unwrap_or_else(|e| e.into_response(Flavor::OpenAi))
+}
+
+async fn openai_inner(
+    app: &App,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let request: OpenAiRequest = api::parse_json(body)?;
+    let format = request.encoding_format.unwrap_or_default();
+    let work = Work {
+        texts: request.input.0,
+        prompt_name: request.prompt_name,
+        truncate: request.truncate,
+        normalize: true,
+        dimensions: request.dimensions,
+    };
+    let app = app.clone();
+    let done = embed(&app, work).await?;
+    let model = app.shared.config.model_name.clone();
+    blocking(move || {
+        let data = done
+            .rows
+            .chunks_exact(done.dim)
+            .enumerate()
+            .map(|(index, row)| api::OpenAiEmbedding {
+                object: "embedding",
+                index,
+                embedding: match format {
+                    EncodingFormat::Float => api::EmbeddingValue::Float(row),
+                    EncodingFormat::Base64 => api::EmbeddingValue::Base64(base64_f32_le(row)),
+                },
+            })
+            .collect();
+        json_response(&api::OpenAiResponse {
+            object: "list",
+            data,
+            model: &model,
+            usage: api::Usage {
+                prompt_tokens: done.tokens,
+                total_tokens: done.tokens,
+            },
+        })
+    })
+    .await
+}
+
+async fn tei_embed(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
+    tei_inner(&app, body)
+        .await
+        .unwrap_or_else(|e| e.into_response(Flavor::Tei))
+}
+
+async fn tei_inner(app: &App, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let request: TeiRequest = api::parse_json(body)?;
+    if request.truncation_direction == Some(api::TruncationDirection::Left) {
+        return Err(ApiError::new(
+            ErrorKind::Invalid,
+            "truncation_direction \"Left\" is not supported: Ruri keeps the start of a text",
+        ));
+    }
+    let work = Work {
+        texts: request.inputs.0,
+        prompt_name: request.prompt_name,
+        truncate: request.truncate.unwrap_or(false),
+        normalize: request.normalize,
+        dimensions: request.dimensions,
+    };
+    let done = embed(app, work).await?;
+    blocking(move || {
+        let rows: Vec<&[f32]> = done.rows.chunks_exact(done.dim).collect();
+        json_response(&rows)
+    })
+    .await
+}
+
+fn json_response(value: &impl serde::Serialize) -> Result<Response, ApiError> {
+    let body = serde_json::to_vec(value)
+        .map_err(|e| ApiError::new(ErrorKind::Backend, format!("serializing the answer: {e}")))?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+/// OpenAI's base64 format: the f32 values' little-endian bytes.
+fn base64_f32_le(row: &[f32]) -> String {
+    let bytes: Vec<u8> = row.iter().flat_map(|x| x.to_le_bytes()).collect();
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// Runs CPU work on the blocking pool, off the async workers.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
+        Err(ApiError::new(
+            ErrorKind::Backend,
+            format!("internal task failed: {e}"),
+        ))
+    })
+}
+
+/// Validates, tokenizes, queues and waits; then normalizes and cuts dimensions.
+async fn embed(app: &App, work: Work) -> Result<Done, ApiError> {
+    let shared = &app.shared;
+    let engine = match shared.model.get() {
+        None => {
+            return Err(ApiError::new(
+                ErrorKind::Loading,
+                "the model is loading; retry shortly (GET /ready says when)",
+            ));
+        }
+        Some(Err(message)) => {
+            return Err(ApiError::new(
+                ErrorKind::LoadFailed,
+                format!("the model failed to load: {message}"),
+            ));
+        }
+        Some(Ok(engine)) => Arc::clone(engine),
+    };
+    let config = &shared.config;
+    let n = work.texts.len();
+    if n == 0 {
+        return Err(ApiError::new(
+            ErrorKind::Invalid,
+            "no input: send a string or a non-empty array of strings",
+        )
+        .param("input"));
+    }
+    if n > config.max_inputs {
+        return Err(ApiError::new(
+            ErrorKind::TooLarge,
+            format!(
+                "{n} inputs in one request, more than this server's maximum of {}",
+                config.max_inputs
+            ),
+        )
+        .param("input"));
+    }
+    let full_dim = engine.dim();
+    let dim = match work.dimensions {
+        None => full_dim,
+        Some(d) if (1..=full_dim).contains(&d) => d,
+        Some(d) => {
+            return Err(ApiError::new(
+                ErrorKind::Invalid,
+                format!("dimensions must be between 1 and {full_dim}, got {d}"),
+            )
+            .param("dimensions"));
+        }
+    };
+    let prompt = match work
+        .prompt_name
+        .as_deref()
+        .or(config.default_prompt_name.as_deref())
+    {
+        Some(name) => resolve_prompt(engine.prompts(), name)?,
+        None => String::new(),
+    };
+
+    let truncation = if work.truncate {
+        Truncation::Truncate
+    } else {
+        Truncation::Error
+    };
+    let texts = work.texts;
+    let tokenizer_engine = Arc::clone(&engine);
+    let encodings = blocking(move || {
+        let tokenizer = tokenizer_engine.tokenizer();
+        texts
+            .iter()
+            .enumerate()
+            .map(|(i, text)| tokenizer.encode_at(i, &prompt, text, truncation))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| match Error::from(e) {
+                Error::InputTooLong { index, tokens, max } => ApiError::new(
+                    ErrorKind::TooLarge,
+                    format!(
+                        "input {index} has {tokens} tokens (prompt and special tokens included), more than the model's maximum of {max}; shorten it or send \"truncate\": true"
+                    ),
+                )
+                .param("input"),
+                other => ApiError::new(ErrorKind::Tokenizer, describe(&other)).param("input"),
+            })
+    })
+    .await?;
+    let tokens: usize = encodings.iter().map(Encoding::len).sum();
+
+    if !shared.depth.try_admit(tokens, config.max_queue_tokens) {
+        return Err(ApiError::new(
+            ErrorKind::Overloaded,
+            "the server is busy (queue full); retry shortly",
+        ));
+    }
+    let (reply, answer) = oneshot::channel();
+    let job = Job {
+        encodings,
+        tokens,
+        enqueued: Instant::now(),
+        reply,
+    };
+    if let Err(mpsc::error::SendError(job)) = app.jobs.send(job) {
+        shared.depth.release(job.tokens);
+        return Err(ApiError::new(
+            ErrorKind::Backend,
+            "the model worker has stopped",
+        ));
+    }
+    let raw = answer
+        .await
+        .map_err(|_| ApiError::new(ErrorKind::Backend, "the model worker dropped the request"))?
+        .map_err(|message| ApiError::new(ErrorKind::Backend, message))?;
+
+    let normalize = work.normalize;
+    blocking(move || {
+        let rows = if dim == full_dim {
+            raw
+        } else {
+            raw.chunks_exact(full_dim)
+                .flat_map(|row| &row[..dim])
+                .copied()
+                .collect()
+        };
+        let mut rows = rows;
+        if normalize {
+            rows.chunks_exact_mut(dim).for_each(ruri::l2_normalize);
+        }
+        Ok(Done { rows, dim, tokens })
+    })
+    .await
+}
