@@ -1053,3 +1053,56 @@ async fn metrics_count_requests_tokens_and_batches() {
         assert!(metrics.contains(&line), "no {line:?} in\n{metrics}");
     }
 }
+
+/// A client that gives up while its request waits costs no inference.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_abandoned_in_the_queue_is_skipped() {
+    let (load, gate, calls) = gated();
+    let server = spawn(Config::default(), load).await;
+    server.wait_ready().await;
+    gate.set(true);
+    let running = {
+        let server = server.client;
+        tokio::spawn(async move {
+            server
+                .post("/embed", &json!({"inputs": "走っている"}))
+                .await
+        })
+    };
+    wait_calls(&calls, 2).await;
+    let abandoned = {
+        let server = server.client;
+        tokio::spawn(async move {
+            server
+                .post("/embed", &json!({"inputs": "諦められる"}))
+                .await
+        })
+    };
+    server.wait_queue_depth(1).await;
+    abandoned.abort();
+    let _ = abandoned.await;
+    // The connection is closed; the server notices at its next read of the socket, at once in
+    // practice. 200 ms is plenty.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    gate.set(false);
+    assert_eq!(running.await.unwrap().status, StatusCode::OK);
+    server.wait_queue_depth(0).await;
+    assert_eq!(
+        server
+            .post("/embed", &json!({"inputs": "次の依頼"}))
+            .await
+            .status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        *calls.lock().unwrap(),
+        vec![1, 1, 1],
+        "warm-up, running, next: none for the abandoned one"
+    );
+    assert!(
+        server
+            .metrics()
+            .await
+            .contains("ruri_abandoned_requests_total 1\n")
+    );
+}

@@ -43,6 +43,7 @@ pub struct Metrics {
     pub texts: Counter,
     pub tokens: Counter,
     pub backend_errors: Counter,
+    pub abandoned: Counter,
     pub ready: Gauge,
     pub load_seconds: Gauge<f64, AtomicU64>,
 }
@@ -119,6 +120,12 @@ impl Metrics {
             "Backend calls that failed",
             backend_errors.clone(),
         );
+        let abandoned = Counter::default();
+        registry.register(
+            "ruri_abandoned_requests",
+            "Queued requests skipped because their client had gone",
+            abandoned.clone(),
+        );
         let ready = Gauge::default();
         registry.register(
             "ruri_model_ready",
@@ -145,6 +152,7 @@ impl Metrics {
             texts,
             tokens,
             backend_errors,
+            abandoned,
             ready,
             load_seconds,
         }

@@ -128,7 +128,9 @@ pub fn start(
         .spawn(move || {
             let shared = worker_shared;
             let started = Instant::now();
+            let mut loaded_after = None;
             let result = catch_panic(load).and_then(|engine| {
+                loaded_after = Some(started.elapsed());
                 check_default_prompt(&*engine, shared.config.default_prompt_name.as_deref())?;
                 warm_up(&*engine)?;
                 Ok(engine)
@@ -136,9 +138,11 @@ pub fn start(
             let engine = match &result {
                 Ok(engine) => {
                     let seconds = started.elapsed().as_secs_f64();
+                    let load_ms = loaded_after.unwrap_or_default().as_secs_f64() * 1e3;
                     eprintln!(
-                        "model ready in {:.0} ms ({} dimensions, up to {} tokens per input)",
+                        "model ready in {:.0} ms (load {load_ms:.0} ms, warm-up {:.0} ms; {} dimensions, up to {} tokens per input)",
                         seconds * 1e3,
+                        seconds * 1e3 - load_ms,
                         engine.dim(),
                         engine.tokenizer().max_length()
                     );

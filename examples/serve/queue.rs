@@ -74,6 +74,7 @@ pub fn run_worker(
             if job.reply.is_closed() {
                 // The client went away while waiting: skip its work.
                 depth.release(job.tokens);
+                metrics.abandoned.inc();
                 continue;
             }
             if !merged.is_empty() && tokens + job.tokens > max_merge_tokens {
