@@ -28,7 +28,8 @@ struct Args {
     /// Workload folder with documents.jsonl and queries.jsonl.
     #[arg(long)]
     workload: Option<PathBuf>,
-    /// Comma-separated systems: ort_fp32, ort_int8, candle_f32, candle_bf16.
+    /// Comma-separated systems: ort_fp32, ort_int8, ort_fp32_x2, ort_int8_x2 (two
+    /// single-threaded sessions), candle_f32, candle_bf16.
     #[arg(long, default_value = "ort_int8,ort_fp32")]
     systems: String,
     /// Timed passes over the documents (the median is reported).
@@ -104,10 +105,16 @@ fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn E
     if let Some(n) = args.max_batch_size {
         batching = batching.max_batch_size(n);
     }
-    let ort = |precision: Precision| {
+    // `sessions`: the pool size; with more than one, each session gets one thread (one
+    // session per core, see `OrtEmbedderBuilder::sessions`).
+    let ort = |precision: Precision, sessions: usize| {
         let mut builder = OrtEmbedder::builder()
             .precision(precision)
+            .sessions(sessions)
             .batching(batching);
+        if sessions > 1 {
+            builder = builder.intra_threads(1);
+        }
         if let Some(t) = args.threads {
             builder = builder.intra_threads(t);
         }
@@ -125,8 +132,10 @@ fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn E
             .map_err(describe)
     };
     match system {
-        "ort_fp32" => ort(Precision::Fp32),
-        "ort_int8" => ort(Precision::Int8),
+        "ort_fp32" => ort(Precision::Fp32, 1),
+        "ort_int8" => ort(Precision::Int8, 1),
+        "ort_fp32_x2" => ort(Precision::Fp32, 2),
+        "ort_int8_x2" => ort(Precision::Int8, 2),
         "candle_f32" => candle(DType::F32),
         "candle_bf16" => candle(DType::BF16),
         other => Err(format!("unknown system {other:?}")),

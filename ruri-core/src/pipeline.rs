@@ -3,6 +3,7 @@
 
 use std::cmp::Reverse;
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use ndarray::{Array2, Array3, ArrayView2};
 use ruri_tokenize::{Encoding, PaddedBatch, Tokenizer};
@@ -28,6 +29,13 @@ pub trait Backend: Send + Sync {
 
     /// Runs the model on one padded batch.
     fn forward(&self, batch: &PaddedBatch) -> Result<BackendOutput>;
+
+    /// How many [`Backend::forward`] calls can usefully run at once (e.g. one per session of
+    /// a pool). The pipeline runs the batches of one call on that many threads; the default,
+    /// 1, runs them one after another on the caller's thread.
+    fn parallelism(&self) -> usize {
+        1
+    }
 }
 
 impl<T: Backend + ?Sized> Backend for Box<T> {
@@ -36,6 +44,9 @@ impl<T: Backend + ?Sized> Backend for Box<T> {
     }
     fn forward(&self, batch: &PaddedBatch) -> Result<BackendOutput> {
         (**self).forward(batch)
+    }
+    fn parallelism(&self) -> usize {
+        (**self).parallelism()
     }
 }
 
@@ -246,32 +257,57 @@ impl<B: Backend> Pipeline<B> {
         order.sort_by_key(|&i| Reverse(encodings[i].len()));
         let sorted_lengths: Vec<usize> = order.iter().map(|&i| encodings[i].len()).collect();
 
+        let plan = plan_batches(&sorted_lengths, &self.batching);
+        let members = |k: usize| &order[plan[k].clone()];
         let mut data = vec![0.0f32; n * dim];
-        let mut batch = PaddedBatch::default();
-        for range in plan_batches(&sorted_lengths, &self.batching) {
-            let members = &order[range];
-            batch.refill(
-                members.iter().map(|&i| encodings[i].ids()),
-                self.tokenizer.pad_id(),
-            );
-            match self.backend.forward(&batch)? {
-                BackendOutput::Pooled(pooled) => {
-                    check_shape(pooled.shape(), &[members.len(), dim])?;
-                    for (row, &i) in pooled.rows().into_iter().zip(members) {
-                        for (o, &x) in data[i * dim..(i + 1) * dim].iter_mut().zip(row) {
-                            *o = x;
-                        }
-                    }
-                }
-                BackendOutput::TokenEmbeddings(tokens) => {
-                    check_shape(tokens.shape(), &[members.len(), batch.seq_len(), dim])?;
-                    // `max(1)`: a tokenizer without special tokens can give an all-empty batch,
-                    // whose rows then stay zero vectors.
-                    let masks = batch.attention_mask().chunks_exact(batch.seq_len().max(1));
-                    for ((seq, mask), &i) in tokens.outer_iter().zip(masks).zip(members) {
-                        mean_pool(seq, mask, &mut data[i * dim..(i + 1) * dim]);
-                    }
-                }
+        let mut scatter = |k: usize, rows: &[f32]| {
+            for (row, &i) in rows.chunks_exact(dim).zip(members(k)) {
+                data[i * dim..(i + 1) * dim].copy_from_slice(row);
+            }
+        };
+        let workers = self.backend.parallelism().clamp(1, plan.len().max(1));
+        if workers == 1 {
+            let mut batch = PaddedBatch::default();
+            for k in 0..plan.len() {
+                let rows = self.run_batch(members(k), encodings, &mut batch)?;
+                scatter(k, &rows);
+            }
+        } else {
+            // Workers take the next batch until none is left or one fails; the error of the
+            // earliest failing batch is reported (the rest of the call is abandoned).
+            let next = AtomicUsize::new(0);
+            let failed = AtomicBool::new(false);
+            let results: Vec<Vec<(usize, Result<Vec<f32>>)>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..workers)
+                    .map(|_| {
+                        scope.spawn(|| {
+                            let mut batch = PaddedBatch::default();
+                            let mut done = Vec::new();
+                            while !failed.load(Ordering::Relaxed) {
+                                let k = next.fetch_add(1, Ordering::Relaxed);
+                                if k >= plan.len() {
+                                    break;
+                                }
+                                let rows = self.run_batch(members(k), encodings, &mut batch);
+                                if rows.is_err() {
+                                    failed.store(true, Ordering::Relaxed);
+                                }
+                                done.push((k, rows));
+                            }
+                            done
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                    .collect()
+            });
+            let mut results: Vec<(usize, Result<Vec<f32>>)> =
+                results.into_iter().flatten().collect();
+            results.sort_by_key(|(k, _)| *k);
+            for (k, rows) in results {
+                scatter(k, &rows?);
             }
         }
         if normalize {
@@ -280,6 +316,44 @@ impl<B: Backend> Pipeline<B> {
         let tokens = encodings.iter().map(Encoding::len).collect();
         let truncated = encodings.iter().map(Encoding::truncated).collect();
         Ok(Embeddings::new(data, dim, tokens, truncated))
+    }
+}
+
+impl<B: Backend> Pipeline<B> {
+    /// Pads the texts `members` (indices into `encodings`) into `batch`, runs the backend and
+    /// returns one pooled, unnormalized row per member, in `members` order.
+    fn run_batch(
+        &self,
+        members: &[usize],
+        encodings: &[Encoding],
+        batch: &mut PaddedBatch,
+    ) -> Result<Vec<f32>> {
+        let dim = self.backend.dim();
+        batch.refill(
+            members.iter().map(|&i| encodings[i].ids()),
+            self.tokenizer.pad_id(),
+        );
+        match self.backend.forward(batch)? {
+            BackendOutput::Pooled(pooled) => {
+                check_shape(pooled.shape(), &[members.len(), dim])?;
+                Ok(pooled.into_iter().collect())
+            }
+            BackendOutput::TokenEmbeddings(tokens) => {
+                check_shape(tokens.shape(), &[members.len(), batch.seq_len(), dim])?;
+                let mut rows = vec![0.0f32; members.len() * dim];
+                // `max(1)`: a tokenizer without special tokens can give an all-empty batch,
+                // whose rows then stay zero vectors.
+                let masks = batch.attention_mask().chunks_exact(batch.seq_len().max(1));
+                for ((seq, mask), out) in tokens
+                    .outer_iter()
+                    .zip(masks)
+                    .zip(rows.chunks_exact_mut(dim))
+                {
+                    mean_pool(seq, mask, out);
+                }
+                Ok(rows)
+            }
+        }
     }
 }
 

@@ -19,11 +19,16 @@ fn token_vector(id: i64) -> [f32; DIM] {
     std::array::from_fn(|k| ((id as f32 + 1.0) * (k as f32 + 1.0) * 0.37).sin() + 0.1)
 }
 
-/// Returns token embeddings, records every batch it was given.
+/// Returns token embeddings, records every batch it was given (and on which thread).
 #[derive(Default)]
 struct FakeBackend {
     batches: Mutex<Vec<(usize, usize)>>,
+    threads: Mutex<std::collections::HashSet<std::thread::ThreadId>>,
     pooled: bool,
+    /// Reported as [`Backend::parallelism`] (0 = the default).
+    parallelism: usize,
+    /// Fails every batch of this padded length.
+    fail_at_seq_len: Option<usize>,
 }
 
 impl Backend for FakeBackend {
@@ -31,9 +36,22 @@ impl Backend for FakeBackend {
         DIM
     }
 
+    fn parallelism(&self) -> usize {
+        self.parallelism.max(1)
+    }
+
     fn forward(&self, batch: &PaddedBatch) -> ruri_core::Result<BackendOutput> {
         let (b, s) = (batch.batch_size(), batch.seq_len());
         self.batches.lock().unwrap().push((b, s));
+        self.threads
+            .lock()
+            .unwrap()
+            .insert(std::thread::current().id());
+        if self.fail_at_seq_len == Some(s) {
+            return Err(Error::ModelOutput {
+                reason: format!("refusing a batch of length {s}"),
+            });
+        }
         let mut tokens = Array3::<f32>::zeros((b, s, DIM));
         for i in 0..b {
             for j in 0..s {
@@ -64,11 +82,17 @@ impl Backend for FakeBackend {
 }
 
 fn pipeline(batching: BatchOptions, pooled: bool) -> Pipeline<FakeBackend> {
+    with_backend(
+        batching,
+        FakeBackend {
+            pooled,
+            ..FakeBackend::default()
+        },
+    )
+}
+
+fn with_backend(batching: BatchOptions, backend: FakeBackend) -> Pipeline<FakeBackend> {
     let dir = ModelDir::open(tiny_model_dir()).unwrap();
-    let backend = FakeBackend {
-        pooled,
-        ..FakeBackend::default()
-    };
     Pipeline::new(
         dir.tokenizer().unwrap(),
         dir.prompts().clone(),
@@ -137,6 +161,56 @@ fn batches_are_length_sorted_and_within_budget() {
         assert!(b * s <= 64 || b == 1, "{b} × {s} over budget");
         assert!(s <= previous_len, "batches go from long to short");
         previous_len = s;
+    }
+}
+
+#[test]
+fn a_parallel_backend_gets_batches_on_several_threads_with_the_same_result() {
+    let texts: Vec<String> = (0..40).map(|i| "瑠璃".repeat(i % 13 + 1)).collect();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let batching = BatchOptions::default().max_batch_size(3);
+    let sequential = pipeline(batching, false);
+    let parallel = with_backend(
+        batching,
+        FakeBackend {
+            parallelism: 3,
+            ..FakeBackend::default()
+        },
+    );
+    let expected = sequential.embed(&refs, Task::Document).unwrap();
+    for _ in 0..5 {
+        assert_eq!(parallel.embed(&refs, Task::Document).unwrap(), expected);
+    }
+    assert_eq!(sequential.backend().threads.lock().unwrap().len(), 1);
+    assert!(parallel.backend().threads.lock().unwrap().len() > 1);
+}
+
+#[test]
+fn a_failing_batch_fails_the_call_on_every_path() {
+    let texts: Vec<String> = (0..30).map(|i| "あ".repeat(i + 1)).collect();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    // Text 9 (10 × あ) alone in its batch: its padded length fails.
+    let p = pipeline(BatchOptions::default().max_batch_size(1), false);
+    let len = p
+        .tokenizer()
+        .encode("", &texts[9], Truncation::Truncate)
+        .unwrap()
+        .len();
+    for parallelism in [1, 2, 4] {
+        let p = with_backend(
+            BatchOptions::default().max_batch_size(1),
+            FakeBackend {
+                parallelism,
+                fail_at_seq_len: Some(len),
+                ..FakeBackend::default()
+            },
+        );
+        match p.embed(&refs, Task::None) {
+            Err(Error::ModelOutput { reason }) => assert!(reason.contains(&len.to_string())),
+            other => {
+                panic!("parallelism {parallelism}: expected the backend's error, got {other:?}")
+            }
+        }
     }
 }
 
@@ -222,14 +296,19 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
     /// Order kept, batch == one by one (bit for bit: the stand-in backend has no batch
-    /// effects), unit norm, token counts as the tokenizer says; for both output kinds.
+    /// effects), unit norm, token counts as the tokenizer says; for both output kinds, run
+    /// sequentially or on several threads.
     #[test]
     fn batch_equals_one_by_one(
         texts in proptest::collection::vec(any::<String>(), 0..24),
         budget in 8usize..600,
         pooled in any::<bool>(),
+        parallelism in 1usize..4,
     ) {
-        let p = pipeline(BatchOptions::default().max_batch_tokens(budget).max_batch_size(7), pooled);
+        let p = with_backend(
+            BatchOptions::default().max_batch_tokens(budget).max_batch_size(7),
+            FakeBackend { pooled, parallelism, ..FakeBackend::default() },
+        );
         let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
         let all = p.embed(&refs, Task::Document).unwrap();
         prop_assert_eq!(all.len(), texts.len());

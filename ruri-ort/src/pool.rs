@@ -6,6 +6,7 @@ use std::sync::{Condvar, Mutex, PoisonError};
 pub(crate) struct Pool<T> {
     idle: Mutex<Vec<T>>,
     returned: Condvar,
+    size: usize,
 }
 
 impl<T> std::fmt::Debug for Pool<T> {
@@ -43,9 +44,15 @@ impl<T> Pool<T> {
     pub(crate) fn new(values: Vec<T>) -> Self {
         assert!(!values.is_empty(), "the builder checks sessions >= 1");
         Self {
+            size: values.len(),
             idle: Mutex::new(values),
             returned: Condvar::new(),
         }
+    }
+
+    /// Number of values, lent or idle.
+    pub(crate) fn size(&self) -> usize {
+        self.size
     }
 
     /// Runs `f` with an idle value, waiting for one if all are lent.

@@ -30,7 +30,7 @@ cargo build --quiet --release --example compare
 
 "$py" tools/bench/peak_flops.py --out "$out/peak.json" >/dev/null
 ./target/release/examples/compare --repeats "$repeats" \
-  --systems ort_int8,ort_fp32,candle_f32,candle_bf16 > "$out/rust.jsonl"
+  --systems ort_int8,ort_int8_x2,ort_fp32,ort_fp32_x2,candle_f32,candle_bf16 > "$out/rust.jsonl"
 "$py" tools/bench/python_peers.py --repeats "$repeats" --out "$out/peers.jsonl" >/dev/null
 "$py" tools/bench/table.py "$out/peers.jsonl" "$out/rust.jsonl" --peak "$out/peak.json" \
   | tee "$out/table.md"
