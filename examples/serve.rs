@@ -29,6 +29,7 @@
 #[path = "serve/mod.rs"]
 mod server;
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -73,6 +74,10 @@ struct Args {
     /// ONNX Runtime intra-op threads (default: ONNX Runtime's choice).
     #[arg(long)]
     threads: Option<usize>,
+    /// ONNX Runtime sessions running one call's batches at once (default 1). More sessions
+    /// with `--threads 1` give more throughput for more memory (see BENCHMARKS.md).
+    #[arg(long)]
+    sessions: Option<usize>,
     /// Model name echoed in OpenAI answers (default: the model folder's name).
     #[arg(long)]
     model_name: Option<String>,
@@ -144,6 +149,14 @@ fn run(args: Args) -> Result<(), String> {
         }
         _ => {}
     }
+    if matches!(args.backend, BackendArg::Candle)
+        && (args.threads.is_some() || args.sessions.is_some())
+    {
+        return Err(
+            "--threads and --sessions are ONNX Runtime options (candle follows RAYON_NUM_THREADS)"
+                .into(),
+        );
+    }
     for (name, value) in [
         ("--max-inputs", args.max_inputs),
         ("--max-queue-tokens", args.max_queue_tokens),
@@ -191,7 +204,8 @@ fn run(args: Args) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("starting the async runtime: {e}"))?;
-    runtime.block_on(async move {
+    let worker = runtime.block_on(async move {
+        let shutdown = shutdown_signal()?;
         // Bind first: a busy port fails at once, and the platform sees a listener before the
         // model is in memory.
         let listener = tokio::net::TcpListener::bind(&args.addr)
@@ -206,12 +220,19 @@ fn run(args: Args) -> Result<(), String> {
             args.backend,
             args.precision
         );
-        let router = server::start(config, move || load(&args, &model))
+        let (router, worker) = server::start(config, move || load(&args, &model))
             .map_err(|e| format!("cannot start the model thread: {e}"))?;
-        server::serve(listener, router, shutdown_signal())
+        server::serve(listener, router, shutdown)
             .await
-            .map_err(|e| format!("server error: {e}"))
+            .map_err(|e| format!("server error: {e}"))?;
+        Ok::<_, String>(worker)
     })?;
+    // A shutdown during loading waits for the load to end (the worker then finds no senders
+    // and returns): exiting under it would run ONNX Runtime's static destructors while the
+    // loading thread still uses the library.
+    if worker.join().is_err() {
+        return Err("the model thread panicked".into());
+    }
     eprintln!("stopped");
     Ok(())
 }
@@ -237,6 +258,9 @@ fn load(args: &Args, model: &std::path::Path) -> server::LoadResult {
             if let Some(threads) = args.threads {
                 builder = builder.intra_threads(threads);
             }
+            if let Some(sessions) = args.sessions {
+                builder = builder.sessions(sessions);
+            }
             builder.build_from_dir(model).map(Loaded::Ort)
         }
     };
@@ -246,32 +270,32 @@ fn load(args: &Args, model: &std::path::Path) -> server::LoadResult {
     }
 }
 
-/// Resolves on Ctrl-C or SIGTERM (what container platforms send before stopping).
-async fn shutdown_signal() {
-    let interrupt = async {
+/// Registers for Ctrl-C and SIGTERM (what container platforms send before stopping) now, so
+/// no signal between startup and the first poll takes the default action (dying at once); the
+/// future resolves on the first of them.
+#[cfg(unix)]
+fn shutdown_signal() -> Result<impl Future<Output = ()>, String> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt =
+        signal(SignalKind::interrupt()).map_err(|e| format!("cannot listen for Ctrl-C: {e}"))?;
+    let mut terminate =
+        signal(SignalKind::terminate()).map_err(|e| format!("cannot listen for SIGTERM: {e}"))?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
+        }
+        eprintln!("shutting down: no new connections; finishing the requests in flight");
+    })
+}
+
+#[cfg(not(unix))]
+fn shutdown_signal() -> Result<impl Future<Output = ()>, String> {
+    Ok(async {
         if let Err(e) = tokio::signal::ctrl_c().await {
             eprintln!("warning: cannot listen for Ctrl-C: {e}");
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut stream) => {
-                stream.recv().await;
-            }
-            Err(e) => {
-                eprintln!("warning: cannot listen for SIGTERM: {e}");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = interrupt => {}
-        () = terminate => {}
-    }
-    eprintln!("shutting down: no new connections; finishing the requests in flight");
+        eprintln!("shutting down: no new connections; finishing the requests in flight");
+    })
 }

@@ -136,6 +136,22 @@ struct TestServer {
     client: Client,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<std::io::Result<()>>,
+    worker: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TestServer {
+    /// Waits (10 s at most) for the model thread to end, as `main` does after serving.
+    async fn join_worker(&mut self) {
+        let worker = self.worker.take().expect("joined once");
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            tokio::task::spawn_blocking(move || worker.join()),
+        )
+        .await
+        .expect("the model thread ends once the server is gone")
+        .unwrap()
+        .expect("the model thread did not panic");
+    }
 }
 
 impl std::ops::Deref for TestServer {
@@ -154,7 +170,7 @@ struct Client {
 async fn spawn(config: Config, load: impl FnOnce() -> LoadResult + Send + 'static) -> TestServer {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let router = server::start(config, load).unwrap();
+    let (router, worker) = server::start(config, load).unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(server::serve(listener, router, async {
         let _ = stopped.await;
@@ -163,6 +179,7 @@ async fn spawn(config: Config, load: impl FnOnce() -> LoadResult + Send + 'stati
         client: Client { addr },
         stop: Some(stop),
         task,
+        worker: Some(worker),
     }
 }
 
@@ -963,6 +980,33 @@ async fn shutdown_finishes_the_requests_in_flight() {
         .expect("the server stops once the request is answered")
         .unwrap()
         .unwrap();
+    server.join_worker().await;
+}
+
+/// Stopping while the model loads: the server stops at once; the model thread ends when the
+/// load does (what `main` waits for before exiting).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_during_loading_ends_the_model_thread_after_the_load() {
+    let gate = Gate::closed();
+    let loading = Arc::clone(&gate);
+    let mut server = spawn(Config::default(), move || {
+        loading.wait();
+        load_tiny()
+    })
+    .await;
+    assert_eq!(server.get("/health").await.status, StatusCode::OK);
+    server.stop.take().unwrap().send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), &mut server.task)
+        .await
+        .expect("nothing in flight: the server stops at once")
+        .unwrap()
+        .unwrap();
+    let worker = server.worker.take().unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!worker.is_finished(), "still loading");
+    gate.set(false);
+    server.worker = Some(worker);
+    server.join_worker().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

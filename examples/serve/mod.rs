@@ -111,10 +111,14 @@ struct App {
 
 /// Builds the router and starts loading on a thread of its own, which then becomes the model
 /// worker. Routes answer at once; embedding routes say 503 until `load` has returned.
+///
+/// The thread ends once the router and every clone of it are dropped (after [`serve`]
+/// returns) and the queue is empty; join it before exiting, so that a shutdown during loading
+/// does not tear down the runtime libraries under the loading thread.
 pub fn start(
     config: Config,
     load: impl FnOnce() -> LoadResult + Send + 'static,
-) -> std::io::Result<Router> {
+) -> std::io::Result<(Router, std::thread::JoinHandle<()>)> {
     let (jobs, receiver) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared {
         config,
@@ -123,7 +127,7 @@ pub fn start(
         metrics: Metrics::new(),
     });
     let worker_shared = Arc::clone(&shared);
-    std::thread::Builder::new()
+    let worker = std::thread::Builder::new()
         .name("ruri-model".into())
         .spawn(move || {
             let shared = worker_shared;
@@ -164,7 +168,7 @@ pub fn start(
                 queue::run_worker(engine, receiver, &shared.depth, &shared.metrics, max_merge);
             }
         })?;
-    Ok(router(App { shared, jobs }))
+    Ok((router(App { shared, jobs }), worker))
 }
 
 /// Serves until `shutdown` resolves, then stops accepting and lets requests in flight finish.
