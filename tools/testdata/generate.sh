@@ -61,6 +61,10 @@ build() {
 
 if [[ "$target" == tiny || "$target" == all ]]; then
   build tiny tiny 8000 "$OUT_ROOT/tiny" "$OUT_ROOT/reference/tiny.json" testdata/tiny
+  # The hostile inputs (NUL bytes, controls, lone combining marks, …): docs/hostile-inputs.md.
+  "$PY" "$here/make_references.py" --model-dir "$OUT_ROOT/tiny" --model-dir-label testdata/tiny \
+    --inputs testdata/hostile_inputs.json --out "$OUT_ROOT/reference/tiny_hostile.json" \
+    --seed "$SEED" --command "tools/testdata/generate.sh tiny"
 fi
 if [[ "$target" == 30m || "$target" == all ]]; then
   build 30m 30m 102400 "$GEN/ruri-v3-30m-shape" "$GEN/reference/ruri-v3-30m-shape.json" \
