@@ -8,7 +8,13 @@
 
 use std::path::{Path, PathBuf};
 
+use proptest::prelude::*;
 use serde::Deserialize;
+
+/// proptest, for test crates that do not depend on it themselves (the root package).
+pub use proptest;
+/// The temporary folder [`tiny_model_copy`] returns.
+pub use tempfile::TempDir;
 
 /// The workspace root.
 pub fn repo_root() -> PathBuf {
@@ -80,10 +86,29 @@ pub struct Reference {
 impl Reference {
     /// `testdata/reference/tiny.json`.
     pub fn tiny() -> Self {
-        let path = testdata_dir().join("reference/tiny.json");
+        Self::read("tiny.json")
+    }
+
+    /// `testdata/reference/tiny_hostile.json`: the tiny model on `testdata/hostile_inputs.json`
+    /// (NUL bytes, control and invisible characters, lone combining marks, whitespace past the
+    /// maximum length; see docs/hostile-inputs.md).
+    pub fn tiny_hostile() -> Self {
+        Self::read("tiny_hostile.json")
+    }
+
+    fn read(file: &str) -> Self {
+        let path = testdata_dir().join("reference").join(file);
         let bytes =
             std::fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
         serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
+    }
+
+    /// The item with this id; panics if there is none (a test naming a missing input is wrong).
+    pub fn item(&self, id: &str) -> &Item {
+        self.items
+            .iter()
+            .find(|i| i.id == id)
+            .unwrap_or_else(|| panic!("no reference item {id:?}"))
     }
 }
 
@@ -173,6 +198,14 @@ pub fn copy_model(src: &Path, dest: &Path, keep: &dyn Fn(&str) -> bool) {
     walk(src, src, dest, keep);
 }
 
+/// A temporary copy of the tiny model with the files `keep` accepts (see [`copy_model`]),
+/// deleted when dropped.
+pub fn tiny_model_copy(keep: &dyn Fn(&str) -> bool) -> TempDir {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    copy_model(&tiny_model_dir(), dir.path(), keep);
+    dir
+}
+
 /// Replaces `from` with `to` in a text file, asserting that something changed (so a test that
 /// breaks a file cannot silently test the unbroken one).
 pub fn edit_file(path: &Path, from: &str, to: &str) {
@@ -181,3 +214,91 @@ pub fn edit_file(path: &Path, from: &str, to: &str) {
     assert_ne!(text, edited, "{from:?} not found in {}", path.display());
     std::fs::write(path, edited).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
 }
+
+/// Pieces of hostile text: any Unicode scalar value (NUL and other controls included), kana
+/// and kanji, every kind of space, lone combining marks, invisible characters and literal
+/// special tokens.
+fn hostile_piece() -> impl Strategy<Value = String> {
+    prop_oneof![
+        4 => any::<char>().prop_map(String::from),
+        3 => proptest::char::range('\u{3041}', '\u{30ff}').prop_map(String::from),
+        3 => proptest::char::range('\u{4e00}', '\u{9fff}').prop_map(String::from),
+        2 => proptest::sample::select(&[
+            " ", "\u{3000}", "\t", "\n", "\r\n", "\0", "\u{301}", "\u{3099}", "\u{200d}",
+            "\u{feff}", "\u{202e}", "\u{fffd}", "\u{e0100}", "😀", "<s>", "</s>", "<pad>",
+            "<unk>", "<mask>",
+        ][..])
+        .prop_map(str::to_owned),
+    ]
+}
+
+/// Random texts that stress a tokenizer: mostly short, sometimes long enough (hundreds of
+/// pieces, many of them byte-fallback tokens) to pass a 512-token maximum.
+pub fn hostile_text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        4 => proptest::collection::vec(hostile_piece(), 0..40),
+        1 => proptest::collection::vec(hostile_piece(), 150..400),
+    ]
+    .prop_map(|pieces| pieces.concat())
+}
+
+/// What a fake ONNX Runtime library made by [`fake_onnxruntime`] does.
+#[derive(Debug, Clone, Copy)]
+pub enum FakeOrt {
+    /// A shared library without `OrtGetApiBase`: not ONNX Runtime at all.
+    NotOnnxRuntime,
+    /// `OrtGetApiBase()` returns NULL.
+    NullApiBase,
+    /// Reports this version and offers no API (`GetApi` returns NULL for every version), as
+    /// an ONNX Runtime older than the API level asked for does.
+    Version(&'static str),
+}
+
+/// Builds a fake ONNX Runtime shared library in `dir` with the system C compiler (`cc`, which
+/// Rust itself links with on Linux) and returns its path. For tests of the runtime loader.
+pub fn fake_onnxruntime(dir: &Path, fake: FakeOrt) -> PathBuf {
+    let (defines, name) = match fake {
+        FakeOrt::NotOnnxRuntime => (vec!["-DNOT_ONNXRUNTIME".to_owned()], "not-ort".to_owned()),
+        FakeOrt::NullApiBase => (vec!["-DNULL_API_BASE".to_owned()], "null-base".to_owned()),
+        FakeOrt::Version(v) => (vec![format!("-DFAKE_VERSION=\"{v}\"")], format!("v{v}")),
+    };
+    let source = dir.join(format!("fake-onnxruntime-{name}.c"));
+    let library = dir.join(format!("libonnxruntime-fake-{name}.so"));
+    std::fs::write(&source, FAKE_ONNXRUNTIME_C).expect("writing the C source");
+    let status = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&library)
+        .arg(&source)
+        .args(&defines)
+        .status()
+        .unwrap_or_else(|e| panic!("running cc to build a fake ONNX Runtime: {e}"));
+    assert!(status.success(), "cc failed building {}", library.display());
+    library
+}
+
+/// ONNX Runtime's entry point as `ort` reads it: `OrtGetApiBase()` → `{GetApi,
+/// GetVersionString}`.
+const FAKE_ONNXRUNTIME_C: &str = r#"
+#include <stddef.h>
+#ifdef NOT_ONNXRUNTIME
+int not_onnxruntime(void) { return 0; }
+#else
+#ifndef FAKE_VERSION
+#define FAKE_VERSION "1.31.1"
+#endif
+typedef struct {
+    const void *(*GetApi)(unsigned int version);
+    const char *(*GetVersionString)(void);
+} OrtApiBase;
+static const void *get_api(unsigned int version) { (void)version; return NULL; }
+static const char *version_string(void) { return FAKE_VERSION; }
+static const OrtApiBase base = {get_api, version_string};
+const OrtApiBase *OrtGetApiBase(void) {
+#ifdef NULL_API_BASE
+    return NULL;
+#else
+    return &base;
+#endif
+}
+#endif
+"#;
