@@ -14,6 +14,9 @@ use ruri_core::{Error, Result};
 /// The ONNX Runtime version `tools/fetch-onnxruntime.sh` installs and the tests use.
 pub const ONNXRUNTIME_VERSION: &str = "1.31.1";
 
+/// The oldest ONNX Runtime `ort`'s `api-22` feature accepts.
+const MIN_VERSION: (u32, u32) = (1, 22);
+
 /// File name of the library in the onnxruntime wheel.
 fn library_file_name() -> String {
     format!(
@@ -39,7 +42,7 @@ pub fn default_install_dir() -> Option<PathBuf> {
     Some(base.join(format!("onnxruntime-{ONNXRUNTIME_VERSION}")))
 }
 
-const HELP: &str = "Get ONNX Runtime 1.23 or newer (the project tests 1.31.1): run \
+const HELP: &str = "Get ONNX Runtime 1.22 or newer (the project tests 1.31.1): run \
 `tools/fetch-onnxruntime.sh` from the ruri repository (it takes libonnxruntime from the \
 `onnxruntime` wheel on PyPI), or set ORT_DYLIB_PATH to a libonnxruntime shared library, or \
 pass its path to the builder's `runtime_path`.";
@@ -112,6 +115,12 @@ pub(crate) fn environment(explicit: Option<&Path>) -> Result<Environment> {
             tried.push(format!("{} ({origin}): no such file", path.display()));
             continue;
         }
+        // ort asserts that the library hands out its API and would panic on a stub or broken
+        // build; such a library is refused here first, like any other unusable one.
+        if let Err(reason) = probe(&path) {
+            tried.push(format!("{} ({origin}): {reason}", path.display()));
+            continue;
+        }
         match ort::init_from(&path) {
             Ok(builder) => {
                 let environment =
@@ -145,6 +154,61 @@ pub(crate) fn environment(explicit: Option<&Path>) -> Result<Environment> {
         help: HELP.into(),
         source: last_error,
     })
+}
+
+/// Opens the library the way `ort` will (a relative path next to the executable if there is
+/// such a file, else as given) and checks that `OrtGetApiBase()`, its version string and
+/// `GetApi` for the API version `ort` needs are all non-NULL.
+fn probe(path: &Path) -> std::result::Result<(), String> {
+    let path = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_exe()
+            .ok()
+            .and_then(|exe| Some(exe.parent()?.join(path)))
+            .filter(|p| p.exists())
+            .unwrap_or_else(|| path.to_path_buf())
+    };
+    // SAFETY: loading a shared library runs its initializers. This is the library the caller
+    // chose (or the one the search found), which `ort` loads next anyway.
+    let library = unsafe { libloading::Library::new(&path) }.map_err(|e| e.to_string())?;
+    // SAFETY: `OrtGetApiBase` has this signature in every ONNX Runtime release; a library that
+    // exports the name with another signature is not ONNX Runtime and breaks any loader.
+    let get_base = unsafe {
+        library.get::<unsafe extern "system" fn() -> *const ort::sys::OrtApiBase>(b"OrtGetApiBase")
+    }
+    .map_err(|_| "does not export OrtGetApiBase: not ONNX Runtime".to_owned())?;
+    // SAFETY: the pointers are checked for NULL before use; the base and the version string
+    // are static data of the library, which stays loaded for this function.
+    unsafe {
+        let base = get_base();
+        if base.is_null() {
+            return Err("OrtGetApiBase() returned NULL: a stub or broken build".to_owned());
+        }
+        let version = ((*base).GetVersionString)();
+        if version.is_null() {
+            return Err("GetVersionString() returned NULL: a stub or broken build".to_owned());
+        }
+        let version = std::ffi::CStr::from_ptr(version)
+            .to_string_lossy()
+            .into_owned();
+        let mut numbers = version.split('.').map(|n| n.parse::<u32>().ok());
+        if let (Some(Some(major)), Some(Some(minor))) = (numbers.next(), numbers.next())
+            && (major, minor) < MIN_VERSION
+        {
+            return Err(format!(
+                "version {version} is too old: ruri needs {}.{} or newer",
+                MIN_VERSION.0, MIN_VERSION.1
+            ));
+        }
+        if ((*base).GetApi)(ort::sys::ORT_API_VERSION).is_null() {
+            return Err(format!(
+                "version {version:?} does not provide the C API version {} that ruri needs",
+                ort::sys::ORT_API_VERSION
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The path the process's ONNX Runtime was loaded from, if it has been loaded.
