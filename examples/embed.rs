@@ -9,29 +9,17 @@
 //! `"token_ids"` with `--print-token-ids`. Input is read and embedded in chunks, so memory
 //! stays bounded however long stdin is.
 
+mod common;
+#[path = "common/describe.rs"]
+mod describe;
+
 use std::io::{self, BufRead, BufWriter, IsTerminal, Write};
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
-use ruri::candle::{CandleEmbedder, DType};
-use ruri::ort::{OrtEmbedder, Precision as OrtPrecision};
+use common::{Loaded, ModelArgs};
+use describe::describe;
 use ruri::{Backend, Encoding, Error, Pipeline, Task, Truncation};
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum BackendArg {
-    /// ONNX Runtime (fp32, int8).
-    Ort,
-    /// candle on the CPU (fp32, bf16).
-    Candle,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum Precision {
-    Fp32,
-    Int8,
-    Bf16,
-}
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum TaskArg {
@@ -57,16 +45,8 @@ enum TruncateArg {
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Args {
-    /// Model folder (sentence-transformers layout with onnx/, or an ONNX port). Default: the
-    /// committed tiny random-weight test model.
-    #[arg(long)]
-    model: Option<PathBuf>,
-    /// Inference backend.
-    #[arg(long, value_enum, default_value_t = BackendArg::Ort)]
-    backend: BackendArg,
-    /// Weights precision.
-    #[arg(long, value_enum, default_value_t = Precision::Fp32)]
-    precision: Precision,
+    #[command(flatten)]
+    model_args: ModelArgs,
     /// Prompt to prepend.
     #[arg(long, value_enum, default_value_t = TaskArg::None)]
     task: TaskArg,
@@ -106,65 +86,19 @@ struct Output<'a> {
 }
 
 fn main() -> ExitCode {
-    match run(Args::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("error: {message}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// Formats an error with its chain of causes.
-fn describe(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(&format!(": {cause}"));
-        source = cause.source();
-    }
-    text
+    common::exit_code(run(Args::parse()))
 }
 
 fn run(args: Args) -> Result<(), String> {
     if args.chunk == 0 {
         return Err("--chunk must be positive".into());
     }
-    let model = args.model.clone().unwrap_or_else(|| {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata/tiny");
-        eprintln!(
-            "note: no --model given; using {}, a random-weight TEST model: its vectors mean nothing",
-            dir.display()
-        );
-        dir
-    });
-    let embedder = match (args.backend, args.precision) {
-        (BackendArg::Ort, Precision::Fp32 | Precision::Int8) => {
-            let precision = match args.precision {
-                Precision::Int8 => OrtPrecision::Int8,
-                _ => OrtPrecision::Fp32,
-            };
-            let mut builder = OrtEmbedder::builder().precision(precision);
-            if let Some(threads) = args.threads {
-                builder = builder.intra_threads(threads);
-            }
-            Loaded::Ort(builder.build_from_dir(&model).map_err(|e| describe(&e))?)
-        }
-        (BackendArg::Candle, Precision::Fp32 | Precision::Bf16) => {
-            let dtype = match args.precision {
-                Precision::Bf16 => DType::BF16,
-                _ => DType::F32,
-            };
-            let builder = CandleEmbedder::builder().dtype(dtype);
-            Loaded::Candle(builder.build_from_dir(&model).map_err(|e| describe(&e))?)
-        }
-        (BackendArg::Ort, Precision::Bf16) => {
-            return Err("--precision bf16 needs --backend candle".into());
-        }
-        (BackendArg::Candle, Precision::Int8) => {
-            return Err("--precision int8 needs --backend ort (an int8 ONNX file)".into());
-        }
-    };
+    let model = args.model_args.dir_or_tiny();
+    args.model_args.check()?;
+    let embedder = args
+        .model_args
+        .load(&model, args.threads, None)
+        .map_err(|e| describe(&e))?;
     let task = match args.task {
         TaskArg::Query => Task::Query,
         TaskArg::Document => Task::Document,
@@ -175,12 +109,6 @@ fn run(args: Args) -> Result<(), String> {
         Loaded::Ort(e) => stream(&args, e.pipeline(), &task),
         Loaded::Candle(e) => stream(&args, e.pipeline(), &task),
     }
-}
-
-/// The embedder of the chosen backend.
-enum Loaded {
-    Ort(OrtEmbedder),
-    Candle(CandleEmbedder),
 }
 
 /// Reads stdin in chunks, embeds each chunk, writes one JSON line per input, in order.

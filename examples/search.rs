@@ -13,29 +13,21 @@
 //! tiny random-weight test model the ranking is meaningless; point `--model` at a real Ruri v3
 //! folder for real results.
 
+// Shared by several examples, each using part of it: this one has its own default-model
+// notice and precision error, so `dir_or_tiny` and `check` go unused here.
+#[allow(dead_code)]
+mod common;
+#[path = "common/describe.rs"]
+mod describe;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use clap::{Parser, ValueEnum};
-use ruri::candle::{CandleEmbedder, DType};
-use ruri::ort::{OrtEmbedder, Precision as OrtPrecision};
+use clap::Parser;
+use common::ModelArgs;
+use describe::describe;
 use ruri::{Embedder, top_k};
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum BackendArg {
-    /// ONNX Runtime (fp32, int8).
-    Ort,
-    /// candle on the CPU (fp32, bf16).
-    Candle,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum Precision {
-    Fp32,
-    Int8,
-    Bf16,
-}
 
 /// Search Japanese documents by meaning with a Ruri v3 model.
 #[derive(Debug, Parser)]
@@ -52,16 +44,8 @@ struct Args {
     /// Documents shown per query.
     #[arg(long, default_value_t = 3)]
     top_k: usize,
-    /// Model folder (sentence-transformers layout with onnx/, or an ONNX port). Default: the
-    /// committed tiny random-weight test model.
-    #[arg(long)]
-    model: Option<PathBuf>,
-    /// Inference backend.
-    #[arg(long, value_enum, default_value_t = BackendArg::Ort)]
-    backend: BackendArg,
-    /// Weights precision.
-    #[arg(long, value_enum, default_value_t = Precision::Fp32)]
-    precision: Precision,
+    #[command(flatten)]
+    model_args: ModelArgs,
 }
 
 const EXAMPLE_QUERIES: &[&str] = &[
@@ -72,24 +56,7 @@ const EXAMPLE_QUERIES: &[&str] = &[
 ];
 
 fn main() -> ExitCode {
-    match run(Args::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("error: {message}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// Formats an error with its chain of causes.
-fn describe(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(&format!(": {cause}"));
-        source = cause.source();
-    }
-    text
+    common::exit_code(run(Args::parse()))
 }
 
 fn run(args: Args) -> Result<(), String> {
@@ -111,11 +78,16 @@ fn run(args: Args) -> Result<(), String> {
     }
 
     let model = args
+        .model_args
         .model
         .clone()
-        .unwrap_or_else(|| root.join("testdata/tiny"));
-    let embedder = load(&args, &model).map_err(|e| describe(&e))?;
-    if args.model.is_none() {
+        .unwrap_or_else(common::tiny_model_dir);
+    let embedder: Box<dyn Embedder> = args
+        .model_args
+        .load(&model, None, None)
+        .map_err(|e| describe(&e))?
+        .into();
+    if args.model_args.model.is_none() {
         println!(
             "note: no --model given; {} is a random-weight TEST model, so these rankings mean nothing",
             model.display()
@@ -151,45 +123,4 @@ fn run(args: Args) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-fn load(args: &Args, model: &std::path::Path) -> ruri::Result<Box<dyn Embedder>> {
-    Ok(match (args.backend, args.precision) {
-        (BackendArg::Ort, Precision::Fp32 | Precision::Int8) => {
-            let precision = match args.precision {
-                Precision::Int8 => OrtPrecision::Int8,
-                _ => OrtPrecision::Fp32,
-            };
-            Box::new(
-                OrtEmbedder::builder()
-                    .precision(precision)
-                    .build_from_dir(model)?,
-            )
-        }
-        (BackendArg::Candle, Precision::Fp32 | Precision::Bf16) => {
-            let dtype = match args.precision {
-                Precision::Bf16 => DType::BF16,
-                _ => DType::F32,
-            };
-            Box::new(
-                CandleEmbedder::builder()
-                    .dtype(dtype)
-                    .build_from_dir(model)?,
-            )
-        }
-        (BackendArg::Ort, Precision::Bf16) => {
-            return Err(ruri::Error::InvalidOption {
-                name: "--precision",
-                value: "bf16".into(),
-                reason: "bf16 needs --backend candle",
-            });
-        }
-        (BackendArg::Candle, Precision::Int8) => {
-            return Err(ruri::Error::InvalidOption {
-                name: "--precision",
-                value: "int8".into(),
-                reason: "int8 needs --backend ort (an int8 ONNX file)",
-            });
-        }
-    })
 }

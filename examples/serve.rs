@@ -26,33 +26,17 @@
 //! `Authorization: Bearer <key>`. SIGTERM or Ctrl-C stops accepting connections and finishes
 //! the requests in flight.
 
+mod common;
 #[path = "serve/mod.rs"]
 mod server;
 
 use std::future::Future;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::{Parser, ValueEnum};
-use ruri::candle::{CandleEmbedder, DType};
-use ruri::ort::{OrtEmbedder, Precision as OrtPrecision};
+use clap::Parser;
+use common::{BackendArg, Loaded, ModelArgs};
 use ruri::{Embeddings, Encoding, Prompts, Tokenizer};
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum BackendArg {
-    /// ONNX Runtime (fp32, int8).
-    Ort,
-    /// candle on the CPU (fp32, bf16).
-    Candle,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum Precision {
-    Fp32,
-    Int8,
-    Bf16,
-}
 
 /// Serve Ruri v3 embeddings over HTTP (OpenAI and TEI shapes).
 #[derive(Debug, Parser)]
@@ -61,16 +45,8 @@ struct Args {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8080")]
     addr: String,
-    /// Model folder (sentence-transformers layout with onnx/, or an ONNX port). Default: the
-    /// committed tiny random-weight test model.
-    #[arg(long)]
-    model: Option<PathBuf>,
-    /// Inference backend.
-    #[arg(long, value_enum, default_value_t = BackendArg::Ort)]
-    backend: BackendArg,
-    /// Weights precision.
-    #[arg(long, value_enum, default_value_t = Precision::Fp32)]
-    precision: Precision,
+    #[command(flatten)]
+    model_args: ModelArgs,
     /// ONNX Runtime intra-op threads (default: ONNX Runtime's choice).
     #[arg(long)]
     threads: Option<usize>,
@@ -98,12 +74,6 @@ struct Args {
     max_merge_tokens: usize,
 }
 
-/// The embedder of the chosen backend.
-enum Loaded {
-    Ort(OrtEmbedder),
-    Candle(CandleEmbedder),
-}
-
 impl Loaded {
     fn pipeline(&self) -> &dyn server::Engine {
         match self {
@@ -129,27 +99,13 @@ impl server::Engine for Loaded {
 }
 
 fn main() -> ExitCode {
-    match run(Args::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("error: {message}");
-            ExitCode::FAILURE
-        }
-    }
+    common::exit_code(run(Args::parse()))
 }
 
 fn run(args: Args) -> Result<(), String> {
     // Refuse impossible flag combinations before listening, not through /ready.
-    match (args.backend, args.precision) {
-        (BackendArg::Ort, Precision::Bf16) => {
-            return Err("--precision bf16 needs --backend candle".into());
-        }
-        (BackendArg::Candle, Precision::Int8) => {
-            return Err("--precision int8 needs --backend ort (an int8 ONNX file)".into());
-        }
-        _ => {}
-    }
-    if matches!(args.backend, BackendArg::Candle)
+    args.model_args.check()?;
+    if matches!(args.model_args.backend, BackendArg::Candle)
         && (args.threads.is_some() || args.sessions.is_some())
     {
         return Err(
@@ -177,14 +133,7 @@ fn run(args: Args) -> Result<(), String> {
             return Err("RURI_API_KEY is not valid UTF-8".into());
         }
     };
-    let model = args.model.clone().unwrap_or_else(|| {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata/tiny");
-        eprintln!(
-            "note: no --model given; using {}, a random-weight TEST model: its vectors mean nothing",
-            dir.display()
-        );
-        dir
-    });
+    let model = args.model_args.dir_or_tiny();
     let model_name = args.model_name.clone().unwrap_or_else(|| {
         model
             .file_name()
@@ -217,8 +166,8 @@ fn run(args: Args) -> Result<(), String> {
         eprintln!(
             "listening on http://{local}; loading {} ({:?} {:?})",
             model.display(),
-            args.backend,
-            args.precision
+            args.model_args.backend,
+            args.model_args.precision
         );
         let (router, worker) = server::start(config, move || load(&args, &model))
             .map_err(|e| format!("cannot start the model thread: {e}"))?;
@@ -238,33 +187,7 @@ fn run(args: Args) -> Result<(), String> {
 }
 
 fn load(args: &Args, model: &std::path::Path) -> server::LoadResult {
-    let loaded = match (args.backend, args.precision) {
-        (BackendArg::Candle, _) => {
-            let dtype = match args.precision {
-                Precision::Bf16 => DType::BF16,
-                _ => DType::F32,
-            };
-            CandleEmbedder::builder()
-                .dtype(dtype)
-                .build_from_dir(model)
-                .map(Loaded::Candle)
-        }
-        (BackendArg::Ort, _) => {
-            let precision = match args.precision {
-                Precision::Int8 => OrtPrecision::Int8,
-                _ => OrtPrecision::Fp32,
-            };
-            let mut builder = OrtEmbedder::builder().precision(precision);
-            if let Some(threads) = args.threads {
-                builder = builder.intra_threads(threads);
-            }
-            if let Some(sessions) = args.sessions {
-                builder = builder.sessions(sessions);
-            }
-            builder.build_from_dir(model).map(Loaded::Ort)
-        }
-    };
-    match loaded {
+    match args.model_args.load(model, args.threads, args.sessions) {
         Ok(loaded) => Ok(Arc::new(loaded)),
         Err(e) => Err(server::describe(&e)),
     }

@@ -8,6 +8,12 @@
 pub mod api;
 pub mod metrics;
 pub mod queue;
+// Not through `common` (which needs candle): `tests/server.rs` builds this module with only
+// the `ort` feature required.
+#[path = "../common/describe.rs"]
+mod describe;
+
+pub use describe::describe;
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
@@ -203,17 +209,6 @@ fn router(app: App) -> Router {
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(app.clone(), track))
         .with_state(app)
-}
-
-/// Formats an error with its chain of causes.
-pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(&format!(": {cause}"));
-        source = cause.source();
-    }
-    text
 }
 
 fn catch_panic(load: impl FnOnce() -> LoadResult) -> LoadResult {

@@ -1,0 +1,151 @@
+//! What the examples share: the model flags (`--model`, `--backend`, `--precision`), the
+//! default model folder, loading the chosen backend, and the exit status.
+//!
+//! Not an example itself (a folder is one only with a `main.rs`): each example includes it
+//! with `mod common;`. The error formatter, `describe.rs`, is not part of it: each example
+//! includes it once, `search` and `embed` directly and `serve` through `serve/mod.rs`, which
+//! `tests/server.rs` also builds without candle (and so without this module).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::ValueEnum;
+use ruri::Embedder;
+use ruri::candle::{CandleEmbedder, DType};
+use ruri::ort::{OrtEmbedder, Precision as OrtPrecision};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum BackendArg {
+    /// ONNX Runtime (fp32, int8).
+    Ort,
+    /// candle on the CPU (fp32, bf16).
+    Candle,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Precision {
+    Fp32,
+    Int8,
+    Bf16,
+}
+
+/// The model flags every example takes.
+#[derive(Debug, clap::Args)]
+pub struct ModelArgs {
+    /// Model folder (sentence-transformers layout with onnx/, or an ONNX port). Default: the
+    /// committed tiny random-weight test model.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Inference backend.
+    #[arg(long, value_enum, default_value_t = BackendArg::Ort)]
+    pub backend: BackendArg,
+    /// Weights precision.
+    #[arg(long, value_enum, default_value_t = Precision::Fp32)]
+    pub precision: Precision,
+}
+
+impl ModelArgs {
+    /// `--model`, or else the tiny test model, with a notice on stderr.
+    pub fn dir_or_tiny(&self) -> PathBuf {
+        self.model.clone().unwrap_or_else(|| {
+            let dir = tiny_model_dir();
+            eprintln!(
+                "note: no --model given; using {}, a random-weight TEST model: its vectors mean nothing",
+                dir.display()
+            );
+            dir
+        })
+    }
+
+    /// Refuses a precision the chosen backend lacks, as `--precision <value> needs …`.
+    pub fn check(&self) -> Result<(), String> {
+        match unsupported(self.backend, self.precision) {
+            Some((_, reason)) => Err(format!("--precision {reason}")),
+            None => Ok(()),
+        }
+    }
+
+    /// Loads the model in `dir` with the chosen backend and precision; `threads` and
+    /// `sessions` are ONNX Runtime's (candle ignores them). A precision the backend lacks is
+    /// [`ruri::Error::InvalidOption`].
+    pub fn load(
+        &self,
+        dir: &Path,
+        threads: Option<usize>,
+        sessions: Option<usize>,
+    ) -> ruri::Result<Loaded> {
+        if let Some((value, reason)) = unsupported(self.backend, self.precision) {
+            return Err(ruri::Error::InvalidOption {
+                name: "--precision",
+                value: value.into(),
+                reason,
+            });
+        }
+        Ok(match self.backend {
+            BackendArg::Ort => {
+                let precision = match self.precision {
+                    Precision::Int8 => OrtPrecision::Int8,
+                    _ => OrtPrecision::Fp32,
+                };
+                let mut builder = OrtEmbedder::builder().precision(precision);
+                if let Some(threads) = threads {
+                    builder = builder.intra_threads(threads);
+                }
+                if let Some(sessions) = sessions {
+                    builder = builder.sessions(sessions);
+                }
+                Loaded::Ort(builder.build_from_dir(dir)?)
+            }
+            BackendArg::Candle => {
+                let dtype = match self.precision {
+                    Precision::Bf16 => DType::BF16,
+                    _ => DType::F32,
+                };
+                Loaded::Candle(CandleEmbedder::builder().dtype(dtype).build_from_dir(dir)?)
+            }
+        })
+    }
+}
+
+/// What `main` returns for `run`'s result: success, or failure after `error: <message>` on
+/// stderr.
+pub fn exit_code(result: Result<(), String>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The committed tiny random-weight test model.
+pub fn tiny_model_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata/tiny")
+}
+
+/// The `--precision` value and the reason, when the backend cannot run that precision.
+fn unsupported(backend: BackendArg, precision: Precision) -> Option<(&'static str, &'static str)> {
+    match (backend, precision) {
+        (BackendArg::Ort, Precision::Bf16) => Some(("bf16", "bf16 needs --backend candle")),
+        (BackendArg::Candle, Precision::Int8) => {
+            Some(("int8", "int8 needs --backend ort (an int8 ONNX file)"))
+        }
+        _ => None,
+    }
+}
+
+/// The embedder of the chosen backend.
+pub enum Loaded {
+    Ort(OrtEmbedder),
+    Candle(CandleEmbedder),
+}
+
+impl From<Loaded> for Box<dyn Embedder> {
+    fn from(loaded: Loaded) -> Self {
+        match loaded {
+            Loaded::Ort(e) => Box::new(e),
+            Loaded::Candle(e) => Box::new(e),
+        }
+    }
+}
