@@ -263,6 +263,11 @@ impl Client {
         self.request(Method::GET, path, &[], Vec::new()).await
     }
 
+    /// [`Client::post`] on a task of its own, to be awaited later.
+    fn post_in_background(self, path: &'static str, body: Value) -> tokio::task::JoinHandle<Reply> {
+        tokio::spawn(async move { self.post(path, &body).await })
+    }
+
     async fn post(&self, path: &str, body: &Value) -> Reply {
         self.post_with(path, &[], body).await
     }
@@ -854,14 +859,9 @@ async fn waiting_requests_are_merged_into_one_backend_call() {
     let library = tiny();
 
     gate.set(true);
-    let first = {
-        let server = server.client;
-        tokio::spawn(async move {
-            server
-                .post("/embed", &json!({"inputs": "最初の依頼"}))
-                .await
-        })
-    };
+    let first = server
+        .client
+        .post_in_background("/embed", json!({"inputs": "最初の依頼"}));
     wait_calls(&calls, 2).await;
     let waiting: Vec<_> = (0..6)
         .map(|client| {
@@ -915,23 +915,13 @@ async fn a_full_queue_answers_429_and_recovers() {
     .await;
     server.wait_ready().await;
     gate.set(true);
-    let running = {
-        let server = server.client;
-        tokio::spawn(async move {
-            server
-                .post("/embed", &json!({"inputs": "走っている"}))
-                .await
-        })
-    };
+    let running = server
+        .client
+        .post_in_background("/embed", json!({"inputs": "走っている"}));
     wait_calls(&calls, 2).await;
-    let queued = {
-        let server = server.client;
-        tokio::spawn(async move {
-            server
-                .post("/embed", &json!({"inputs": "待っている"}))
-                .await
-        })
-    };
+    let queued = server
+        .client
+        .post_in_background("/embed", json!({"inputs": "待っている"}));
     server.wait_queue_depth(1).await;
 
     let refused = server.post("/embed", &json!({"inputs": "断られる"})).await;
@@ -1105,23 +1095,13 @@ async fn a_request_abandoned_in_the_queue_is_skipped() {
     let server = spawn(Config::default(), load).await;
     server.wait_ready().await;
     gate.set(true);
-    let running = {
-        let server = server.client;
-        tokio::spawn(async move {
-            server
-                .post("/embed", &json!({"inputs": "走っている"}))
-                .await
-        })
-    };
+    let running = server
+        .client
+        .post_in_background("/embed", json!({"inputs": "走っている"}));
     wait_calls(&calls, 2).await;
-    let abandoned = {
-        let server = server.client;
-        tokio::spawn(async move {
-            server
-                .post("/embed", &json!({"inputs": "諦められる"}))
-                .await
-        })
-    };
+    let abandoned = server
+        .client
+        .post_in_background("/embed", json!({"inputs": "諦められる"}));
     server.wait_queue_depth(1).await;
     abandoned.abort();
     let _ = abandoned.await;
