@@ -1,63 +1,13 @@
-//! Many threads share one embedder: every call gets the vectors of its own texts, equal to
-//! the sequential results, with a pool smaller than the number of threads (so callers wait
-//! for sessions) and without deadlock.
+//! One call's batches spread over the session pool while other callers wait for sessions:
+//! every call gets the vectors of its own texts, equal to a one-session embedder's. (Many
+//! threads × many small calls on every backend, under a deadlock watchdog: the root
+//! package's tests/concurrency.rs.)
 
 use std::sync::Arc;
 
 use ruri_core::{Embedder, Task};
 use ruri_ort::OrtEmbedder;
 use ruri_testkit::{Reference, tiny_model_dir};
-
-#[test]
-fn threads_sharing_an_embedder_get_their_own_vectors() {
-    let embedder = Arc::new(
-        OrtEmbedder::builder()
-            .sessions(2)
-            .intra_threads(1)
-            .build_from_dir(tiny_model_dir())
-            .unwrap(),
-    );
-    let reference = Reference::tiny();
-    let texts: Vec<String> = reference.items.iter().map(|i| i.text.clone()).collect();
-    let sequential: Vec<Vec<f32>> = texts
-        .iter()
-        .map(|t| {
-            embedder
-                .embed(&[t.as_str()], Task::Document)
-                .unwrap()
-                .into_vec()
-        })
-        .collect();
-
-    let handles: Vec<_> = (0..6)
-        .map(|thread| {
-            let (embedder, texts, sequential) =
-                (embedder.clone(), texts.clone(), sequential.clone());
-            std::thread::spawn(move || {
-                for round in 0..10 {
-                    // Each thread walks the texts from a different offset, alone or in pairs.
-                    let i = (thread * 7 + round * 3) % texts.len();
-                    let j = (i + 1 + thread) % texts.len();
-                    let both = embedder
-                        .embed(&[texts[i].as_str(), texts[j].as_str()], Task::Document)
-                        .unwrap();
-                    for (k, idx) in [i, j].into_iter().enumerate() {
-                        let got = both.get(k).unwrap();
-                        for (a, b) in got.iter().zip(&sequential[idx]) {
-                            assert!(
-                                (a - b).abs() <= 1e-6,
-                                "thread {thread} text {idx}: {a} vs {b}"
-                            );
-                        }
-                    }
-                }
-            })
-        })
-        .collect();
-    for handle in handles {
-        handle.join().expect("no thread panicked");
-    }
-}
 
 #[test]
 fn one_call_spreads_its_batches_over_the_sessions_with_the_same_vectors() {
