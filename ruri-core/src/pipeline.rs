@@ -55,6 +55,7 @@ impl<T: Backend + ?Sized> Backend for Box<T> {
 pub struct BatchOptions {
     max_batch_tokens: usize,
     max_batch_size: usize,
+    max_batch_attention: usize,
 }
 
 impl Default for BatchOptions {
@@ -62,10 +63,16 @@ impl Default for BatchOptions {
     /// stay in cache. On 2 cores with the ruri-v3-30m shape (ort int8, 2,048 short
     /// documents) they ran 1.4× faster than TEI's GPU-minded 16,384 tokens / 256 texts and
     /// peaked at 354 MB instead of 808 MB (BENCHMARKS.md). On a GPU, raise both.
+    ///
+    /// Attention cells (`texts × longest²`) are capped at 2,097,152 (8,192 × 256): the
+    /// cap only binds on texts over 256 tokens, where attention score tensors (which grow with
+    /// the square of the length and which ONNX Runtime's dense attention materializes) set
+    /// the memory peak; 512-token texts then go 8 to a batch instead of 16.
     fn default() -> Self {
         Self {
             max_batch_tokens: 8_192,
             max_batch_size: 32,
+            max_batch_attention: 8_192 * 256,
         }
     }
 }
@@ -82,6 +89,19 @@ impl BatchOptions {
     pub fn max_batch_size(mut self, texts: usize) -> Self {
         self.max_batch_size = texts;
         self
+    }
+
+    /// Budget of attention cells (`texts × longest²`, per head and layer) per batch: bounds
+    /// the memory of attention scores, which grows with the square of the length. A single
+    /// text over the budget still runs, alone. Must be positive.
+    pub fn max_batch_attention(mut self, cells: usize) -> Self {
+        self.max_batch_attention = cells;
+        self
+    }
+
+    /// The attention-cell budget.
+    pub fn get_max_batch_attention(&self) -> usize {
+        self.max_batch_attention
     }
 
     /// The token budget.
@@ -109,20 +129,31 @@ impl BatchOptions {
                 reason: "must be positive",
             });
         }
+        if self.max_batch_attention == 0 {
+            return Err(Error::InvalidOption {
+                name: "max_batch_attention",
+                value: "0".into(),
+                reason: "must be positive",
+            });
+        }
         Ok(())
     }
 }
 
 /// Splits texts already sorted by descending length into consecutive batches such that each
-/// holds at most `max_batch_size` texts and `count × longest ≤ max_batch_tokens` (a text
-/// alone over the budget gets a batch of its own).
+/// holds at most `max_batch_size` texts, `count × longest ≤ max_batch_tokens` and
+/// `count × longest² ≤ max_batch_attention` (a text alone over a budget gets a batch of its
+/// own).
 pub fn plan_batches(sorted_lengths: &[usize], options: &BatchOptions) -> Vec<Range<usize>> {
     let mut batches = Vec::new();
     let mut start = 0;
     while start < sorted_lengths.len() {
         // Descending order: the first text of a batch is its longest.
         let longest = sorted_lengths[start].max(1);
-        let fit = (options.max_batch_tokens / longest).clamp(1, options.max_batch_size);
+        let by_attention = options.max_batch_attention / longest.saturating_mul(longest);
+        let fit = (options.max_batch_tokens / longest)
+            .min(by_attention)
+            .clamp(1, options.max_batch_size);
         let end = (start + fit).min(sorted_lengths.len());
         batches.push(start..end);
         start = end;
@@ -400,6 +431,20 @@ mod tests {
     }
 
     #[test]
+    fn attention_budget_binds_only_on_long_texts() {
+        let opts = BatchOptions::default();
+        // 64 tokens: 8,192 / 64 = 128 by tokens, 512 by attention → the 32-text cap.
+        assert_eq!(plan_batches(&[64; 40], &opts), vec![0..32, 32..40]);
+        // 512 tokens: 16 by tokens, 2,097,152 / 512² = 8 by attention.
+        assert_eq!(plan_batches(&[512; 20], &opts), vec![0..8, 8..16, 16..20]);
+        // 2,048 tokens: alone.
+        assert_eq!(plan_batches(&[2048; 2], &opts), vec![0..1, 1..2]);
+        // The old behaviour on request.
+        let loose = opts.max_batch_attention(usize::MAX);
+        assert_eq!(plan_batches(&[512; 20], &loose), vec![0..16, 16..20]);
+    }
+
+    #[test]
     fn oversize_text_runs_alone() {
         let opts = BatchOptions::default().max_batch_tokens(8);
         assert_eq!(plan_batches(&[100, 3, 3], &opts), vec![0..1, 1..3]);
@@ -430,9 +475,13 @@ mod tests {
             mut lengths in proptest::collection::vec(1usize..600, 0..300),
             budget in 1usize..5000,
             cap in 1usize..64,
+            cells in 1usize..400_000,
         ) {
             lengths.sort_by_key(|&l| Reverse(l));
-            let opts = BatchOptions::default().max_batch_tokens(budget).max_batch_size(cap);
+            let opts = BatchOptions::default()
+                .max_batch_tokens(budget)
+                .max_batch_size(cap)
+                .max_batch_attention(cells);
             let plan = plan_batches(&lengths, &opts);
             let mut next = 0;
             for r in &plan {
@@ -441,6 +490,8 @@ mod tests {
                 prop_assert!(r.len() <= cap);
                 let padded = r.len() * lengths[r.start];
                 prop_assert!(padded <= budget || r.len() == 1);
+                let attention = padded * lengths[r.start];
+                prop_assert!(attention <= cells || r.len() == 1);
                 next = r.end;
             }
             prop_assert_eq!(next, lengths.len());

@@ -281,6 +281,7 @@ fn zero_batch_limits_are_refused() {
     for batching in [
         BatchOptions::default().max_batch_tokens(0),
         BatchOptions::default().max_batch_size(0),
+        BatchOptions::default().max_batch_attention(0),
     ] {
         let r = Pipeline::new(
             dir.tokenizer().unwrap(),
