@@ -325,6 +325,30 @@ async fn eventually<F: std::future::Future<Output = bool>>(
     panic!("timed out waiting for {what}");
 }
 
+/// With the model ready and the gate closed: one request held inside the backend, and one
+/// (`text`) waiting in the queue behind it.
+async fn one_running_one_queued(
+    server: &TestServer,
+    gate: &Gate,
+    calls: &Mutex<Vec<usize>>,
+    text: &str,
+) -> (
+    tokio::task::JoinHandle<Reply>,
+    tokio::task::JoinHandle<Reply>,
+) {
+    server.wait_ready().await;
+    gate.set(true);
+    let running = server
+        .client
+        .post_in_background("/embed", json!({"inputs": "走っている"}));
+    wait_calls(calls, 2).await;
+    let queued = server
+        .client
+        .post_in_background("/embed", json!({"inputs": text}));
+    server.wait_queue_depth(1).await;
+    (running, queued)
+}
+
 async fn wait_calls(calls: &Mutex<Vec<usize>>, n: usize) {
     eventually(&format!("{n} backend calls"), || async {
         calls.lock().unwrap().len() >= n
@@ -913,16 +937,7 @@ async fn a_full_queue_answers_429_and_recovers() {
         load,
     )
     .await;
-    server.wait_ready().await;
-    gate.set(true);
-    let running = server
-        .client
-        .post_in_background("/embed", json!({"inputs": "走っている"}));
-    wait_calls(&calls, 2).await;
-    let queued = server
-        .client
-        .post_in_background("/embed", json!({"inputs": "待っている"}));
-    server.wait_queue_depth(1).await;
+    let (running, queued) = one_running_one_queued(&server, &gate, &calls, "待っている").await;
 
     let refused = server.post("/embed", &json!({"inputs": "断られる"})).await;
     refused.tei_error(StatusCode::TOO_MANY_REQUESTS, "overloaded");
@@ -1093,16 +1108,7 @@ async fn metrics_count_requests_tokens_and_batches() {
 async fn a_request_abandoned_in_the_queue_is_skipped() {
     let (load, gate, calls) = gated();
     let server = spawn(Config::default(), load).await;
-    server.wait_ready().await;
-    gate.set(true);
-    let running = server
-        .client
-        .post_in_background("/embed", json!({"inputs": "走っている"}));
-    wait_calls(&calls, 2).await;
-    let abandoned = server
-        .client
-        .post_in_background("/embed", json!({"inputs": "諦められる"}));
-    server.wait_queue_depth(1).await;
+    let (running, abandoned) = one_running_one_queued(&server, &gate, &calls, "諦められる").await;
     abandoned.abort();
     let _ = abandoned.await;
     // The connection is closed; the server notices at its next read of the socket, at once in
