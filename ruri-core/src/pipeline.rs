@@ -367,7 +367,15 @@ impl<B: Backend> Pipeline<B> {
         match self.backend.forward(batch)? {
             BackendOutput::Pooled(pooled) => {
                 check_shape(pooled.shape(), &[members.len(), dim])?;
-                Ok(pooled.into_iter().collect())
+                if !pooled.is_standard_layout() {
+                    return Ok(pooled.iter().copied().collect());
+                }
+                // Row-major already (what backends return): keep its buffer, no copy.
+                let (mut rows, offset) = pooled.into_raw_vec_and_offset();
+                let start = offset.unwrap_or(0);
+                rows.truncate(start + members.len() * dim);
+                rows.drain(..start);
+                Ok(rows)
             }
             BackendOutput::TokenEmbeddings(tokens) => {
                 check_shape(tokens.shape(), &[members.len(), batch.seq_len(), dim])?;

@@ -185,6 +185,68 @@ fn a_parallel_backend_gets_batches_on_several_threads_with_the_same_result() {
     assert!(parallel.backend().threads.lock().unwrap().len() > 1);
 }
 
+/// The pooled rows of [`FakeBackend`], handed over column-major or as a window of a larger
+/// buffer (an owned array with an offset): the pipeline must read them by index, not by
+/// memory order.
+struct Relaid {
+    inner: FakeBackend,
+    column_major: bool,
+}
+
+impl Backend for Relaid {
+    fn dim(&self) -> usize {
+        DIM
+    }
+
+    fn forward(&self, batch: &PaddedBatch) -> ruri_core::Result<BackendOutput> {
+        let BackendOutput::Pooled(rows) = self.inner.forward(batch)? else {
+            unreachable!("the inner backend pools")
+        };
+        let b = rows.nrows();
+        let relaid = if self.column_major {
+            use ndarray::ShapeBuilder;
+            let mut f = Array2::<f32>::zeros((b, DIM).f());
+            f.assign(&rows);
+            f
+        } else {
+            let mut big = Array2::<f32>::from_elem((b + 2, DIM), 1e9);
+            big.slice_mut(ndarray::s![1..b + 1, ..]).assign(&rows);
+            big.slice_move(ndarray::s![1..b + 1, ..])
+        };
+        Ok(BackendOutput::Pooled(relaid))
+    }
+}
+
+#[test]
+fn pooled_rows_in_any_memory_layout_give_the_same_vectors() {
+    let texts: Vec<String> = (0..20).map(|i| "瑠璃".repeat(i % 7 + 1)).collect();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let batching = BatchOptions::default().max_batch_size(3);
+    let expected = pipeline(batching, true).embed(&refs, Task::None).unwrap();
+    let dir = ModelDir::open(tiny_model_dir()).unwrap();
+    for column_major in [true, false] {
+        let backend = Relaid {
+            inner: FakeBackend {
+                pooled: true,
+                ..FakeBackend::default()
+            },
+            column_major,
+        };
+        let p = Pipeline::new(
+            dir.tokenizer().unwrap(),
+            dir.prompts().clone(),
+            backend,
+            batching,
+        )
+        .unwrap();
+        assert_eq!(
+            p.embed(&refs, Task::None).unwrap(),
+            expected,
+            "column-major {column_major}"
+        );
+    }
+}
+
 #[test]
 fn a_failing_batch_fails_the_call_on_every_path() {
     let texts: Vec<String> = (0..30).map(|i| "あ".repeat(i + 1)).collect();
