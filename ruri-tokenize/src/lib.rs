@@ -263,7 +263,10 @@ impl Tokenizer {
             path: path.to_path_buf(),
             source,
         };
-        let json = std::fs::read(path).map_err(|e| invalid(e.into()))?;
+        let json = std::fs::read(path).map_err(|source| TokenizeError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let mut engine = Engine::from_json(&json).map_err(invalid)?;
         // Truncation and padding are ours to apply (per item, reported); a tokenizer.json that
         // carries its own settings must not apply them a second time.
