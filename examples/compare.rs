@@ -25,6 +25,10 @@ struct Args {
     /// Model folder (default: the ruri-v3-30m-shaped random model).
     #[arg(long)]
     model: Option<PathBuf>,
+    /// ONNX file for the ort systems (relative to the model folder, or absolute) instead of
+    /// the one their precision finds.
+    #[arg(long)]
+    onnx_file: Option<PathBuf>,
     /// Workload folder with documents.jsonl and queries.jsonl.
     #[arg(long)]
     workload: Option<PathBuf>,
@@ -114,6 +118,9 @@ fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn E
             .batching(batching);
         if sessions > 1 {
             builder = builder.intra_threads(1);
+        }
+        if let Some(file) = &args.onnx_file {
+            builder = builder.onnx_file(file);
         }
         if let Some(t) = args.threads {
             builder = builder.intra_threads(t);
@@ -253,6 +260,9 @@ fn main() -> ExitCode {
         }
         if let Some(w) = &args.workload {
             cmd.arg("--workload").arg(w);
+        }
+        if let Some(f) = &args.onnx_file {
+            cmd.arg("--onnx-file").arg(f);
         }
         if let Some(t) = args.threads {
             cmd.arg("--threads").arg(t.to_string());

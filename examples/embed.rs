@@ -156,7 +156,11 @@ fn stream<B: Backend>(args: &Args, pipeline: &Pipeline<B>, task: &Task) -> Resul
         let encodings = texts
             .iter()
             .enumerate()
-            .map(|(i, text)| pipeline.tokenizer().encode_at(i, prompt, text, truncation))
+            .map(|(i, text)| {
+                pipeline
+                    .tokenizer()
+                    .encode_with(i, prompt, text, truncation, pipeline.whitespace())
+            })
             .collect::<Result<Vec<Encoding>, _>>()
             .map_err(|e| match Error::from(e) {
                 Error::InputTooLong { index, tokens, max } => format!(

@@ -83,6 +83,14 @@ fn truncate(dir: &Path, file: &str) {
     write(dir, file, &bytes[..bytes.len() / 2]);
 }
 
+/// Rewrites a JSON file through `edit`.
+fn edit_json(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let mut value: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    edit(&mut value);
+    std::fs::write(path, serde_json::to_vec_pretty(&value).unwrap()).unwrap();
+}
+
 fn edit_config(dir: &Path, from: &str, to: &str) {
     edit_file(&dir.join("config.json"), from, to);
 }
@@ -99,6 +107,9 @@ struct Case {
 
 fn missing_file(e: &Error) -> bool {
     matches!(e, Error::MissingFile { .. })
+}
+fn no_model_file(e: &Error) -> bool {
+    matches!(e, Error::NoModelFile { .. })
 }
 fn invalid_json(e: &Error) -> bool {
     matches!(e, Error::InvalidJson { .. })
@@ -141,19 +152,20 @@ const CASES: &[Case] = &[
         error: missing_file,
         mentions: "tokenizer.json",
     },
+    // The error names what was looked for and what the folder has instead.
     Case {
         name: "no fp32 ONNX file",
         edit: |d| remove(d, "onnx/model.onnx"),
         refused_by: &[OrtFp32],
-        error: missing_file,
-        mentions: "onnx/model.onnx",
+        error: no_model_file,
+        mentions: "model.onnx; the folder has onnx/model_quantized.onnx",
     },
     Case {
         name: "no int8 ONNX file",
         edit: |d| remove(d, "onnx/model_quantized.onnx"),
         refused_by: &[OrtInt8],
-        error: missing_file,
-        mentions: "onnx/model_quantized.onnx",
+        error: no_model_file,
+        mentions: "model_qint8_avx2.onnx",
     },
     Case {
         name: "no safetensors",
@@ -319,6 +331,68 @@ const CASES: &[Case] = &[
         refused_by: &[Candle],
         error: invalid_config,
         mentions: "layers.4",
+    },
+    // Checkpoints that are not a plain encoder, or not a sentence embedder.
+    Case {
+        name: "a reranker's architecture",
+        edit: |d| {
+            edit_config(
+                d,
+                "\"ModernBertModel\"",
+                "\"ModernBertForSequenceClassification\"",
+            )
+        },
+        refused_by: ALL,
+        error: unsupported,
+        mentions: "ModernBertForSequenceClassification",
+    },
+    Case {
+        name: "a sentence-transformers CrossEncoder",
+        edit: |d| {
+            edit_file(
+                &d.join("config_sentence_transformers.json"),
+                "{",
+                "{\n  \"model_type\": \"CrossEncoder\",",
+            )
+        },
+        refused_by: ALL,
+        error: unsupported,
+        mentions: "CrossEncoder",
+    },
+    Case {
+        name: "a Dense module after pooling",
+        edit: |d| {
+            edit_file(
+                &d.join("modules.json"),
+                "\n]",
+                r#", {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}
+]"#,
+            )
+        },
+        refused_by: ALL,
+        error: unsupported,
+        mentions: "Dense",
+    },
+    // The template must frame a text as <s> … </s> with config.json's ids.
+    Case {
+        name: "a template without </s>",
+        edit: |d| {
+            edit_json(&d.join("tokenizer.json"), |t| {
+                let single = t["post_processor"]["single"].as_array_mut().unwrap();
+                assert_eq!(single.len(), 3, "<s> $A </s>");
+                single.pop();
+            })
+        },
+        refused_by: ALL,
+        error: invalid_config,
+        mentions: "<s> $A </s>",
+    },
+    Case {
+        name: "bos_token_id not the tokenizer's <s>",
+        edit: |d| edit_config(d, "\"bos_token_id\": 1", "\"bos_token_id\": 6"),
+        refused_by: ALL,
+        error: invalid_config,
+        mentions: "bos_token_id",
     },
     Case {
         name: "vocab_size below the tokenizer's",

@@ -26,7 +26,18 @@ pub enum BackendArg {
 pub enum Precision {
     Fp32,
     Int8,
+    Fp16,
     Bf16,
+}
+
+/// `--whitespace`.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum WhitespaceArg {
+    /// Prompt + text as given (sentence-transformers ≥ 5.4).
+    Keep,
+    /// Strip prompt + text as Python's str.strip() (sentence-transformers 2.x–5.3, what Ruri
+    /// v3 was trained with and most existing indexes were built with).
+    Strip,
 }
 
 /// The model flags every example takes.
@@ -39,9 +50,16 @@ pub struct ModelArgs {
     /// Inference backend.
     #[arg(long, value_enum, default_value_t = BackendArg::Ort)]
     pub backend: BackendArg,
-    /// Weights precision.
+    /// Weights precision (ort: which ONNX file of the folder; candle: the dtype).
     #[arg(long, value_enum, default_value_t = Precision::Fp32)]
     pub precision: Precision,
+    /// Run this ONNX file (relative to the model folder, or absolute) instead of the one
+    /// --precision finds (ort only).
+    #[arg(long)]
+    pub onnx_file: Option<PathBuf>,
+    /// Whitespace at the ends of prompt + text.
+    #[arg(long, value_enum, default_value_t = WhitespaceArg::Keep)]
+    pub whitespace: WhitespaceArg,
 }
 
 impl ModelArgs {
@@ -59,9 +77,19 @@ impl ModelArgs {
 
     /// Refuses a precision the chosen backend lacks, as `--precision <value> needs …`.
     pub fn check(&self) -> Result<(), String> {
-        match unsupported(self.backend, self.precision) {
-            Some((_, reason)) => Err(format!("--precision {reason}")),
-            None => Ok(()),
+        if let Some((_, reason)) = unsupported(self.backend, self.precision) {
+            return Err(format!("--precision {reason}"));
+        }
+        if self.onnx_file.is_some() && matches!(self.backend, BackendArg::Candle) {
+            return Err("--onnx-file needs --backend ort (candle reads model.safetensors)".into());
+        }
+        Ok(())
+    }
+
+    fn whitespace(&self) -> ruri::Whitespace {
+        match self.whitespace {
+            WhitespaceArg::Keep => ruri::Whitespace::Keep,
+            WhitespaceArg::Strip => ruri::Whitespace::Strip,
         }
     }
 
@@ -85,9 +113,15 @@ impl ModelArgs {
             BackendArg::Ort => {
                 let precision = match self.precision {
                     Precision::Int8 => OrtPrecision::Int8,
+                    Precision::Fp16 => OrtPrecision::Fp16,
                     _ => OrtPrecision::Fp32,
                 };
-                let mut builder = OrtEmbedder::builder().precision(precision);
+                let mut builder = OrtEmbedder::builder()
+                    .precision(precision)
+                    .whitespace(self.whitespace());
+                if let Some(file) = &self.onnx_file {
+                    builder = builder.onnx_file(file);
+                }
                 if let Some(threads) = threads {
                     builder = builder.intra_threads(threads);
                 }
@@ -99,9 +133,15 @@ impl ModelArgs {
             BackendArg::Candle => {
                 let dtype = match self.precision {
                     Precision::Bf16 => DType::BF16,
+                    Precision::Fp16 => DType::F16,
                     _ => DType::F32,
                 };
-                Loaded::Candle(CandleEmbedder::builder().dtype(dtype).build_from_dir(dir)?)
+                Loaded::Candle(
+                    CandleEmbedder::builder()
+                        .dtype(dtype)
+                        .whitespace(self.whitespace())
+                        .build_from_dir(dir)?,
+                )
             }
         })
     }

@@ -30,7 +30,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::serve::ListenerExt;
 use base64::Engine as _;
-use ruri::{Backend, Embeddings, Encoding, Error, Pipeline, Prompts, Task, Tokenizer, Truncation};
+use ruri::{
+    Backend, Embeddings, Encoding, Error, Pipeline, Prompts, Task, Tokenizer, Truncation,
+    Whitespace,
+};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
@@ -43,7 +46,17 @@ pub trait Engine: Send + Sync {
     fn tokenizer(&self) -> &Tokenizer;
     fn prompts(&self) -> &Prompts;
     fn dim(&self) -> usize;
-    /// Mean-pooled, unnormalized vectors of already-tokenized texts, in order.
+    /// The model's whitespace policy for prompt + text.
+    fn whitespace(&self) -> Whitespace {
+        Whitespace::Keep
+    }
+    /// Whether raw (unnormalized) vectors can be had: not from an ONNX file whose only output
+    /// is already L2-normalized.
+    fn raw_available(&self) -> bool {
+        true
+    }
+    /// Mean-pooled, unnormalized vectors of already-tokenized texts, in order (unit vectors
+    /// when raw ones are not available).
     fn embed_raw(&self, encodings: &[Encoding]) -> ruri::Result<Embeddings>;
 }
 
@@ -57,8 +70,14 @@ impl<B: Backend> Engine for Pipeline<B> {
     fn dim(&self) -> usize {
         self.backend().dim()
     }
+    fn whitespace(&self) -> Whitespace {
+        Pipeline::whitespace(self)
+    }
+    fn raw_available(&self) -> bool {
+        !self.backend().output_is_normalized()
+    }
     fn embed_raw(&self, encodings: &[Encoding]) -> ruri::Result<Embeddings> {
-        self.embed_encodings(encodings, false)
+        self.embed_encodings(encodings, !self.raw_available())
     }
 }
 
@@ -561,6 +580,15 @@ async fn embed(app: &App, work: Work) -> Result<Done, ApiError> {
     } else {
         Truncation::Error
     };
+    if !work.normalize && !engine.raw_available() {
+        return Err(ApiError::new(
+            ErrorKind::Invalid,
+            "\"normalize\": false is not available: this model's ONNX file only outputs \
+             L2-normalized vectors",
+        )
+        .param("normalize"));
+    }
+    let whitespace = engine.whitespace();
     let texts = work.texts;
     let tokenizer_engine = Arc::clone(&engine);
     let encodings = blocking(move || {
@@ -568,7 +596,7 @@ async fn embed(app: &App, work: Work) -> Result<Done, ApiError> {
         texts
             .iter()
             .enumerate()
-            .map(|(i, text)| tokenizer.encode_at(i, &prompt, text, truncation))
+            .map(|(i, text)| tokenizer.encode_with(i, &prompt, text, truncation, whitespace))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| match Error::from(e) {
                 Error::InputTooLong { index, tokens, max } => ApiError::new(

@@ -81,7 +81,7 @@ use std::path::{Path, PathBuf};
 use ndarray::Array2;
 use ruri_core::{
     Backend, BackendOutput, BatchOptions, EmbedOptions, Embedder, Embeddings, Error, ModelDir,
-    PaddedBatch, Pipeline, Result,
+    PaddedBatch, Pipeline, Result, Whitespace,
 };
 
 use model::{ModernBert, candle_error};
@@ -151,6 +151,7 @@ pub struct CandleEmbedderBuilder {
     dtype: DType,
     local_attention: LocalAttention,
     batching: BatchOptions,
+    whitespace: Whitespace,
 }
 
 impl CandleEmbedderBuilder {
@@ -178,12 +179,21 @@ impl CandleEmbedderBuilder {
         self
     }
 
+    /// Whitespace policy for prompt + text (default [`Whitespace::Keep`]; [`Whitespace::Strip`]
+    /// reproduces sentence-transformers 2.x–5.3). Calls may override it with
+    /// [`EmbedOptions::whitespace`](ruri_core::EmbedOptions::whitespace).
+    pub fn whitespace(mut self, whitespace: Whitespace) -> Self {
+        self.whitespace = whitespace;
+        self
+    }
+
     /// Opens the model folder, maps `model.safetensors` and loads the weights on the device.
     pub fn build_from_dir(self, dir: impl AsRef<Path>) -> Result<CandleEmbedder> {
         let dir = ModelDir::open(dir)?;
         let pipeline = Pipeline::load(&dir, self.batching, || {
             CandleBackend::load(&dir, self.device, self.dtype, self.local_attention)
-        })?;
+        })?
+        .with_whitespace(self.whitespace);
         Ok(CandleEmbedder { pipeline })
     }
 }

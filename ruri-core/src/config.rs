@@ -51,6 +51,10 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     /// Id of `<pad>`.
     pub pad_token_id: u32,
+    /// Id of `<s>`, which opens every sequence (1 in Ruri v3).
+    pub bos_token_id: u32,
+    /// Id of `</s>`, which closes every sequence (2 in Ruri v3).
+    pub eos_token_id: u32,
     /// LayerNorm epsilon.
     pub norm_eps: f64,
     /// Total width of the local attention window (128 in Ruri v3: `|i − j| ≤ 64`).
@@ -69,6 +73,9 @@ pub struct ModelConfig {
 #[derive(Deserialize)]
 struct RawModelConfig {
     model_type: Option<String>,
+    architectures: Option<Vec<String>>,
+    bos_token_id: Option<u32>,
+    eos_token_id: Option<u32>,
     hidden_size: usize,
     num_hidden_layers: usize,
     num_attention_heads: usize,
@@ -105,6 +112,13 @@ const DEFAULT_LOCAL_ATTENTION: usize = 128;
 const DEFAULT_NORM_EPS: f64 = 1e-5;
 const DEFAULT_MAX_POSITIONS: usize = 8192;
 const DEFAULT_PAD_ID: u32 = 3;
+const DEFAULT_BOS_ID: u32 = 1;
+const DEFAULT_EOS_ID: u32 = 2;
+
+/// Checkpoint classes whose encoder is the plain ModernBERT stack a sentence-transformers
+/// `Transformer` module runs (`AutoModel` loads the encoder of either; a masked-LM checkpoint
+/// keeps it under `model.`).
+const ENCODER_ARCHITECTURES: &[&str] = &["ModernBertModel", "ModernBertForMaskedLM"];
 
 impl ModelConfig {
     /// Reads `config.json`.
@@ -134,6 +148,25 @@ impl ModelConfig {
             return Err(Error::Unsupported {
                 path: path.to_path_buf(),
                 what: format!("model_type {model_type:?} (Ruri v3 is \"modernbert\")"),
+            });
+        }
+        // A reranker or classifier (ModernBertForSequenceClassification, …) has the same
+        // encoder shapes and loads without complaint, but its mean-pooled hidden states are not
+        // embeddings anything was trained for: refuse it by name.
+        if let Some(other) = raw
+            .architectures
+            .iter()
+            .flatten()
+            .find(|a| !ENCODER_ARCHITECTURES.contains(&a.as_str()))
+        {
+            return Err(Error::Unsupported {
+                path: path.to_path_buf(),
+                what: format!(
+                    "architecture {other:?}: not a plain encoder (a reranker, classifier or \
+                     other task head); ruri embeds with {} checkpoints, as the Ruri v3 \
+                     sentence-transformers folders are",
+                    ENCODER_ARCHITECTURES.join(" or ")
+                ),
             });
         }
         if raw.hidden_size == 0 || raw.num_attention_heads == 0 {
@@ -216,6 +249,8 @@ impl ModelConfig {
             vocab_size: raw.vocab_size,
             max_position_embeddings: raw.max_position_embeddings.unwrap_or(DEFAULT_MAX_POSITIONS),
             pad_token_id: raw.pad_token_id.unwrap_or(DEFAULT_PAD_ID),
+            bos_token_id: raw.bos_token_id.unwrap_or(DEFAULT_BOS_ID),
+            eos_token_id: raw.eos_token_id.unwrap_or(DEFAULT_EOS_ID),
             norm_eps: raw
                 .norm_eps
                 .or(raw.layer_norm_eps)
@@ -333,6 +368,31 @@ mod tests {
         let a = ModelConfig::from_json_str(legacy, "legacy.json").unwrap();
         let b = ModelConfig::from_json_str(FIXTURE_T5, "t5.json").unwrap();
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn refuses_task_heads_by_name_and_accepts_encoders() {
+        let with = |arch: &str| {
+            format!(
+                r#"{{"model_type": "modernbert", "architectures": ["{arch}"], "hidden_size": 64,
+                "num_hidden_layers": 1, "num_attention_heads": 4, "intermediate_size": 8,
+                "vocab_size": 10}}"#
+            )
+        };
+        for arch in [
+            "ModernBertForSequenceClassification",
+            "ModernBertForTokenClassification",
+            "ModernBertForQuestionAnswering",
+        ] {
+            match ModelConfig::from_json_str(&with(arch), "c.json") {
+                Err(Error::Unsupported { what, .. }) => assert!(what.contains(arch), "{what}"),
+                other => panic!("{arch}: {other:?}"),
+            }
+        }
+        for arch in ["ModernBertModel", "ModernBertForMaskedLM"] {
+            let c = ModelConfig::from_json_str(&with(arch), "c.json").unwrap();
+            assert_eq!((c.bos_token_id, c.eos_token_id), (1, 2));
+        }
     }
 
     #[test]

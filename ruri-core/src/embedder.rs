@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use ndarray::ArrayView2;
 
-use crate::{Result, Truncation};
+use crate::{Result, Truncation, Whitespace};
 
 /// What the texts are for; selects the Ruri prompt prepended to each text.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
@@ -26,15 +26,17 @@ pub enum Task {
     Prompt(String),
 }
 
-/// How to embed: task, normalization and truncation policy.
+/// How to embed: task, normalization, truncation and whitespace policy.
 ///
 /// The default is sentence-transformers' behaviour with unit-length output: no prompt,
-/// truncate over-long texts, L2-normalize.
+/// truncate over-long texts, L2-normalize, and the embedder's whitespace policy (by default
+/// [`Whitespace::Keep`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EmbedOptions {
     task: Task,
     normalize: bool,
     truncation: Truncation,
+    whitespace: Option<Whitespace>,
 }
 
 impl Default for EmbedOptions {
@@ -43,6 +45,7 @@ impl Default for EmbedOptions {
             task: Task::None,
             normalize: true,
             truncation: Truncation::Truncate,
+            whitespace: None,
         }
     }
 }
@@ -73,6 +76,19 @@ impl EmbedOptions {
     pub fn truncation(mut self, truncation: Truncation) -> Self {
         self.truncation = truncation;
         self
+    }
+
+    /// Keep or strip whitespace at the ends of prompt + text for this call, instead of the
+    /// embedder's policy (see [`Whitespace`] for which sentence-transformers versions do
+    /// which).
+    pub fn whitespace(mut self, whitespace: Whitespace) -> Self {
+        self.whitespace = Some(whitespace);
+        self
+    }
+
+    /// The whitespace policy set for this call, if any (else the embedder's applies).
+    pub fn get_whitespace(&self) -> Option<Whitespace> {
+        self.whitespace
     }
 
     /// The task.

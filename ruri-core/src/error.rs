@@ -18,6 +18,23 @@ pub enum Error {
         /// The file that was looked for.
         path: PathBuf,
     },
+    /// No file of the kind needed (e.g. an int8 ONNX file) is in the model folder under any of
+    /// the names looked for.
+    #[error(
+        "no {wanted} in {dir}: looked for {}; {}",
+        looked_for.join(", "),
+        describe_found(found)
+    )]
+    NoModelFile {
+        /// The model folder.
+        dir: PathBuf,
+        /// What was looked for (e.g. `"int8 ONNX file"`).
+        wanted: String,
+        /// The names tried, relative to `dir`, most preferred first.
+        looked_for: Vec<String>,
+        /// The files of that kind the folder does have, relative to `dir`.
+        found: Vec<String>,
+    },
     /// A file exists but could not be read.
     #[error("cannot read {path}")]
     Io {
@@ -106,6 +123,17 @@ pub enum Error {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+}
+
+fn describe_found(found: &[String]) -> String {
+    if found.is_empty() {
+        "the folder has none".to_owned()
+    } else {
+        format!(
+            "the folder has {} (a backend option such as ruri-ort's onnx_file runs one of them)",
+            found.join(", ")
+        )
+    }
 }
 
 impl From<TokenizeError> for Error {

@@ -35,6 +35,13 @@
 //! * **Truncation is a visible policy**: over-long texts are truncated like
 //!   sentence-transformers does (keeping `</s>`) and flagged in [`Embeddings::truncated`], or
 //!   refused with [`Error::InputTooLong`] under [`Truncation::Error`].
+//! * **Whitespace is a visible policy** too: by default prompt + text reach the tokenizer as
+//!   given ([`Whitespace::Keep`], as sentence-transformers ≥ 5.4, the current reference, and
+//!   text-embeddings-inference: nothing the caller passed is changed); [`Whitespace::Strip`]
+//!   strips them exactly as Python's `str.strip()`, as sentence-transformers 2.x–5.3 did —
+//!   the versions Ruri v3 was trained and evaluated with and most existing indexes were built
+//!   with. Set it per embedder (the backends' builders) or per call
+//!   ([`EmbedOptions::whitespace`]).
 //! * Batches are formed by **length**, not by arrival, and limited by padded tokens, so short
 //!   texts are not padded to the length of long ones.
 
@@ -56,4 +63,6 @@ pub use pipeline::{
 };
 pub use similarity::{cosine, dot, top_k};
 
-pub use ruri_tokenize::{self as tokenize, Encoding, PaddedBatch, Tokenizer, Truncation};
+pub use ruri_tokenize::{
+    self as tokenize, Encoding, PaddedBatch, Tokenizer, Truncation, Whitespace,
+};

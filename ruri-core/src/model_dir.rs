@@ -89,28 +89,46 @@ struct Module {
     kind: String,
 }
 
-/// Refuses pipelines with modules the shared pipeline does not run (Dense, Normalize, …):
-/// better an error than vectors that silently differ from sentence-transformers'. Ruri v3 is
-/// Transformer + Pooling.
-fn check_modules(path: &Path) -> Result<()> {
+/// Refuses pipelines with modules the shared pipeline does not run (Dense, a second
+/// Transformer, …): better an error than vectors that silently differ from
+/// sentence-transformers'. Ruri v3 is Transformer + Pooling; a trailing `Normalize` is
+/// accepted (the pipeline normalizes by default) and reported.
+fn check_modules(path: &Path) -> Result<bool> {
     let modules: Vec<Module> = crate::config::read_json(path)?;
-    for module in &modules {
-        // Legacy `sentence_transformers.models.Pooling` and the 5.x module paths alike.
-        let name = module.kind.rsplit('.').next().unwrap_or_default();
-        if !matches!(name, "Transformer" | "Pooling") {
-            return Err(Error::Unsupported {
-                path: path.to_path_buf(),
-                what: format!("sentence-transformers module {:?}", module.kind),
-            });
+    // Legacy `sentence_transformers.models.Pooling` and the 5.x module paths alike.
+    let names: Vec<&str> = modules
+        .iter()
+        .map(|m| m.kind.rsplit('.').next().unwrap_or_default())
+        .collect();
+    let unsupported = |what: String| Error::Unsupported {
+        path: path.to_path_buf(),
+        what,
+    };
+    for (module, name) in modules.iter().zip(&names) {
+        if !matches!(*name, "Transformer" | "Pooling" | "Normalize") {
+            return Err(unsupported(format!(
+                "sentence-transformers module {:?}",
+                module.kind
+            )));
         }
     }
-    Ok(())
+    match names.as_slice() {
+        ["Transformer", "Pooling"] => Ok(false),
+        ["Transformer", "Pooling", "Normalize"] => Ok(true),
+        other => Err(unsupported(format!(
+            "the module sequence {other:?} (ruri runs Transformer, Pooling and an optional \
+             Normalize, in that order)"
+        ))),
+    }
 }
 
 #[derive(Deserialize)]
 struct SentenceTransformersConfig {
     #[serde(default)]
     prompts: BTreeMap<String, String>,
+    /// sentence-transformers ≥ 4 writes the model class: `SentenceTransformer`,
+    /// `CrossEncoder` (rerankers) or `SparseEncoder`.
+    model_type: Option<String>,
 }
 
 /// An opened model folder: its layout and parsed configuration. Backends find their weight
@@ -122,6 +140,7 @@ pub struct ModelDir {
     config: ModelConfig,
     pooling: Pooling,
     prompts: Prompts,
+    normalize_module: bool,
 }
 
 impl ModelDir {
@@ -134,11 +153,10 @@ impl ModelDir {
         }
         let config = ModelConfig::from_file(root.join("config.json"))?;
         let modules_path = root.join("modules.json");
-        let layout = if modules_path.is_file() {
-            check_modules(&modules_path)?;
-            Layout::SentenceTransformers
+        let (layout, normalize_module) = if modules_path.is_file() {
+            (Layout::SentenceTransformers, check_modules(&modules_path)?)
         } else {
-            Layout::OnnxPort
+            (Layout::OnnxPort, false)
         };
         let pooling_path = root.join("1_Pooling").join("config.json");
         let pooling = if pooling_path.is_file() {
@@ -147,9 +165,18 @@ impl ModelDir {
             Pooling::Mean
         };
         let mut prompts = Prompts::default();
-        let st: Option<SentenceTransformersConfig> =
-            read_optional_json(&root.join("config_sentence_transformers.json"))?;
+        let st_path = root.join("config_sentence_transformers.json");
+        let st: Option<SentenceTransformersConfig> = read_optional_json(&st_path)?;
         if let Some(st) = st {
+            if let Some(kind) = st.model_type.filter(|k| k != "SentenceTransformer") {
+                return Err(Error::Unsupported {
+                    path: st_path,
+                    what: format!(
+                        "a sentence-transformers {kind} (ruri embeds with SentenceTransformer \
+                         models; a CrossEncoder is a reranker)"
+                    ),
+                });
+            }
             prompts.by_name.extend(st.prompts);
         }
         Ok(Self {
@@ -158,6 +185,7 @@ impl ModelDir {
             config,
             pooling,
             prompts,
+            normalize_module,
         })
     }
 
@@ -181,6 +209,13 @@ impl ModelDir {
         self.pooling
     }
 
+    /// Whether `modules.json` ends with a `Normalize` module. Its output is what the pipeline
+    /// returns by default (unit vectors); with `normalize(false)` ruri returns the mean-pooled
+    /// vectors before it.
+    pub fn has_normalize_module(&self) -> bool {
+        self.normalize_module
+    }
+
     /// Named prompts.
     pub fn prompts(&self) -> &Prompts {
         &self.prompts
@@ -197,9 +232,24 @@ impl ModelDir {
     }
 
     /// Loads the tokenizer and checks it against `config.json`: same pad id (checked by
-    /// `ruri-tokenize`), and no token id outside the embedding matrix.
+    /// `ruri-tokenize`), no token id outside the embedding matrix, and a template that frames
+    /// a text as `<s> … </s>` with the config's `bos_token_id` / `eos_token_id` (a tokenizer
+    /// with another post-processor would feed the model sequences it was never trained on).
     pub fn tokenizer(&self) -> Result<Tokenizer> {
         let tokenizer = Tokenizer::from_dir(&self.root)?;
+        let framed = tokenizer.encode("", "", ruri_tokenize::Truncation::Truncate)?;
+        let expected = [self.config.bos_token_id, self.config.eos_token_id];
+        if framed.ids() != expected {
+            return Err(Error::InvalidConfig {
+                path: self.root.join("tokenizer.json"),
+                reason: format!(
+                    "its post-processor frames an empty text as {:?}, but config.json's \
+                     bos_token_id and eos_token_id are {expected:?}: ruri needs the template \
+                     `<s> $A </s>` with those ids",
+                    framed.ids()
+                ),
+            });
+        }
         if tokenizer.vocab_size() > self.config.vocab_size {
             return Err(Error::InvalidConfig {
                 path: self.root.join("tokenizer.json"),

@@ -6,7 +6,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use ndarray::{Array2, Array3, ArrayView2};
-use ruri_tokenize::{Encoding, PaddedBatch, Tokenizer};
+use ruri_tokenize::{Encoding, PaddedBatch, Tokenizer, Whitespace};
 
 use crate::model_dir::{ModelDir, Prompts};
 use crate::{EmbedOptions, Embedder, Embeddings, Error, Result};
@@ -36,6 +36,14 @@ pub trait Backend: Send + Sync {
     fn parallelism(&self) -> usize {
         1
     }
+
+    /// Whether [`BackendOutput::Pooled`] rows come already L2-normalized (an ONNX export
+    /// with the normalization baked into its only output), so that raw vectors cannot be
+    /// had: the pipeline then refuses `normalize(false)` instead of returning unit vectors
+    /// as if they were raw. Default: `false`.
+    fn output_is_normalized(&self) -> bool {
+        false
+    }
 }
 
 impl<T: Backend + ?Sized> Backend for Box<T> {
@@ -47,6 +55,9 @@ impl<T: Backend + ?Sized> Backend for Box<T> {
     }
     fn parallelism(&self) -> usize {
         (**self).parallelism()
+    }
+    fn output_is_normalized(&self) -> bool {
+        (**self).output_is_normalized()
     }
 }
 
@@ -197,6 +208,7 @@ pub struct Pipeline<B> {
     prompts: Prompts,
     backend: B,
     batching: BatchOptions,
+    whitespace: Whitespace,
 }
 
 impl<B: Backend> Pipeline<B> {
@@ -218,7 +230,20 @@ impl<B: Backend> Pipeline<B> {
             prompts,
             backend,
             batching,
+            whitespace: Whitespace::default(),
         })
+    }
+
+    /// This pipeline with another default whitespace policy (calls may still override it
+    /// with [`EmbedOptions::whitespace`]).
+    pub fn with_whitespace(mut self, whitespace: Whitespace) -> Self {
+        self.whitespace = whitespace;
+        self
+    }
+
+    /// The default whitespace policy.
+    pub fn whitespace(&self) -> Whitespace {
+        self.whitespace
     }
 
     /// A pipeline with the tokenizer and prompts of `dir`.
@@ -279,6 +304,15 @@ impl<B: Backend> Pipeline<B> {
 
     /// Runs already-tokenized texts: sort, batch, infer, pool, normalize, restore order.
     pub fn embed_encodings(&self, encodings: &[Encoding], normalize: bool) -> Result<Embeddings> {
+        if !normalize && self.backend.output_is_normalized() {
+            return Err(Error::InvalidOption {
+                name: "normalize",
+                value: "false".into(),
+                reason: "the model's only output is already L2-normalized (normalization is \
+                         baked into the ONNX file), so raw mean-pooled vectors cannot be had; \
+                         use an ONNX file with a token_embeddings output for raw vectors",
+            });
+        }
         let dim = self.backend.dim();
         let n = encodings.len();
         let mut order: Vec<usize> = (0..n).collect();
@@ -413,10 +447,14 @@ impl<B: Backend> Embedder for Pipeline<B> {
     fn embed_with(&self, texts: &[&str], options: &EmbedOptions) -> Result<Embeddings> {
         let prompt = self.prompts.resolve(options.get_task())?;
         let truncation = options.get_truncation();
+        let whitespace = options.get_whitespace().unwrap_or(self.whitespace);
         let encodings = texts
             .iter()
             .enumerate()
-            .map(|(i, text)| self.tokenizer.encode_at(i, prompt, text, truncation))
+            .map(|(i, text)| {
+                self.tokenizer
+                    .encode_with(i, prompt, text, truncation, whitespace)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         self.embed_encodings(&encodings, options.get_normalize())
     }

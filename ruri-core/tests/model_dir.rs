@@ -10,17 +10,31 @@ fn tiny_copy() -> tempfile::TempDir {
     dir
 }
 
+const NORMALIZE: &str = r#"{"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}"#;
+
 #[test]
-fn extra_modules_are_unsupported() {
+fn a_trailing_normalize_module_is_accepted_and_reported() {
     let dir = tiny_copy();
+    assert!(!ModelDir::open(dir.path()).unwrap().has_normalize_module());
     edit_file(
         &dir.path().join("modules.json"),
         "\n]",
-        r#", {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
-]"#,
+        &format!(", {NORMALIZE}\n]"),
+    );
+    assert!(ModelDir::open(dir.path()).unwrap().has_normalize_module());
+}
+
+#[test]
+fn modules_out_of_order_are_unsupported() {
+    let dir = tiny_copy();
+    // Normalize before Pooling: sentence-transformers would normalize token embeddings.
+    edit_file(
+        &dir.path().join("modules.json"),
+        "[",
+        &format!("[\n  {NORMALIZE},"),
     );
     match ModelDir::open(dir.path()) {
-        Err(Error::Unsupported { what, .. }) => assert!(what.contains("Normalize"), "{what}"),
+        Err(Error::Unsupported { what, .. }) => assert!(what.contains("order"), "{what}"),
         other => panic!("expected Unsupported, got {other:?}"),
     }
 }

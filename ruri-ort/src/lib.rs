@@ -39,6 +39,7 @@
 
 #![deny(missing_docs)]
 
+mod discover;
 mod pool;
 mod runtime;
 
@@ -50,32 +51,53 @@ use ort::session::{HasSelectedOutputs, OutputSelector, RunOptions, Session};
 use ort::value::TensorRef;
 use ruri_core::{
     Backend, BackendOutput, BatchOptions, EmbedOptions, Embedder, Embeddings, Error, ModelDir,
-    PaddedBatch, Pipeline, Result,
+    PaddedBatch, Pipeline, Result, Whitespace,
 };
 
 pub use runtime::{ONNXRUNTIME_VERSION, default_install_dir, loaded_runtime_path};
 
 use pool::Pool;
 
-/// Which ONNX file of the folder to run.
+/// Which ONNX file of the folder to run: each precision is looked for under the names real
+/// Ruri ports use, in a fixed order ([`Precision::candidates`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Precision {
-    /// `onnx/model.onnx`: full precision, equal to sentence-transformers within 1e-5.
+    /// Full precision (`onnx/model.onnx`, else `model.onnx`): equal to sentence-transformers
+    /// within 1e-5.
     #[default]
     Fp32,
-    /// `onnx/model_quantized.onnx`: dynamically quantized int8 weights; smaller and faster,
-    /// cosine ≥ 0.99 to fp32.
+    /// Dynamically quantized int8 weights (`onnx/model_quantized.onnx`, `onnx/model_int8.onnx`,
+    /// sentence-transformers' `onnx/model_qint8_*.onnx`, …): smaller and faster, cosine ≥ 0.99
+    /// to fp32.
     Int8,
+    /// Half precision (`onnx/model_fp16.onnx`); float16 outputs are read as float16 and
+    /// widened to f32.
+    Fp16,
 }
 
 impl Precision {
-    /// The file of this precision, relative to the model folder.
-    pub fn onnx_file(self) -> &'static str {
-        match self {
-            Precision::Fp32 => "onnx/model.onnx",
-            Precision::Int8 => "onnx/model_quantized.onnx",
-        }
+    /// The file names this precision is looked for under, relative to the model folder, most
+    /// preferred first; the first that exists is run.
+    ///
+    /// * fp32: `onnx/model.onnx`, `model.onnx`.
+    /// * int8: `onnx/model_quantized.onnx`, `onnx/model_int8.onnx`,
+    ///   `onnx/model_qint8_avx512_vnni.onnx`, `onnx/model_qint8_avx512.onnx`,
+    ///   `onnx/model_qint8_avx2.onnx`, `onnx/model_qint8_arm64.onnx` (on aarch64 the arm64
+    ///   file comes before the x86 ones), `model_quantized.onnx`, `model_int8.onnx`.
+    /// * fp16: `onnx/model_fp16.onnx`, `model_fp16.onnx`.
+    pub fn candidates(self) -> &'static [&'static str] {
+        discover::candidates(self)
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Precision::Fp32 => "fp32",
+            Precision::Int8 => "int8",
+            Precision::Fp16 => "fp16",
+        })
     }
 }
 
@@ -118,10 +140,12 @@ pub struct OrtEmbedderBuilder {
     sessions: Option<usize>,
     optimization: OptimizationLevel,
     batching: BatchOptions,
+    whitespace: Whitespace,
 }
 
 impl OrtEmbedderBuilder {
-    /// fp32 (`onnx/model.onnx`, default) or int8 (`onnx/model_quantized.onnx`).
+    /// fp32 (default), int8 or fp16: which ONNX file of the folder runs, found under the
+    /// names of [`Precision::candidates`]. Ignored when [`onnx_file`](Self::onnx_file) is set.
     pub fn precision(mut self, precision: Precision) -> Self {
         self.precision = precision;
         self
@@ -173,6 +197,14 @@ impl OrtEmbedderBuilder {
         self
     }
 
+    /// Whitespace policy for prompt + text (default [`Whitespace::Keep`]; [`Whitespace::Strip`]
+    /// reproduces sentence-transformers 2.x–5.3). Calls may override it with
+    /// [`EmbedOptions::whitespace`](ruri_core::EmbedOptions::whitespace).
+    pub fn whitespace(mut self, whitespace: Whitespace) -> Self {
+        self.whitespace = whitespace;
+        self
+    }
+
     /// Opens the model folder, loads ONNX Runtime if needed, and builds the sessions.
     pub fn build_from_dir(self, dir: impl AsRef<Path>) -> Result<OrtEmbedder> {
         let dir = ModelDir::open(dir)?;
@@ -184,7 +216,7 @@ impl OrtEmbedderBuilder {
                 path.clone()
             }
             Some(path) => dir.file(path)?,
-            None => dir.file(self.precision.onnx_file())?,
+            None => discover::find(dir.path(), self.precision)?,
         };
         let sessions = self.sessions.unwrap_or(1);
         if sessions == 0 {
@@ -205,17 +237,27 @@ impl OrtEmbedderBuilder {
             let environment = runtime::environment(self.runtime_path.as_deref())?;
             // Sessions of one pool share their prepacked (reordered) weights.
             let prepacked = (sessions > 1).then(PrepackedWeights::new);
-            let first = self.build_session(&environment, &onnx, prepacked.as_ref())?;
-            let signature = Signature::inspect(&first, &onnx, dir.config().hidden_size)?;
+            let mut first = self.build_session(&environment, &onnx, prepacked.as_ref())?;
+            let config = dir.config();
+            let mut signature = Signature::inspect(&first, &onnx, config.hidden_size)?;
+            let word = 7.min(config.vocab_size.saturating_sub(1)) as i64;
+            signature.check_normalized(
+                &mut first,
+                &onnx,
+                [
+                    i64::from(config.bos_token_id),
+                    i64::from(config.eos_token_id),
+                    i64::from(config.pad_token_id),
+                    word,
+                ],
+            )?;
             let mut all = vec![first];
             for _ in 1..sessions {
                 all.push(self.build_session(&environment, &onnx, prepacked.as_ref())?);
             }
             // Fetch only the output we use: a model with both outputs would otherwise copy out
             // `batch × seq × dim` token embeddings on every run.
-            let output_name = match &signature.output {
-                OutputKind::Pooled(n) | OutputKind::Tokens(n) => n.clone(),
-            };
+            let output_name = signature.output.name().to_owned();
             let lanes = all
                 .into_iter()
                 .map(|session| {
@@ -238,7 +280,8 @@ impl OrtEmbedderBuilder {
                 onnx,
             };
             Ok(backend)
-        })?;
+        })?
+        .with_whitespace(self.whitespace);
         Ok(OrtEmbedder { pipeline })
     }
 
@@ -282,9 +325,29 @@ enum OutputKind {
     Tokens(String),
 }
 
+impl OutputKind {
+    fn name(&self) -> &str {
+        match self {
+            OutputKind::Pooled(n) | OutputKind::Tokens(n) => n,
+        }
+    }
+}
+
+/// The element type of the output read: float32, or float16 widened to f32 on the way out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Element {
+    F32,
+    F16,
+}
+
 #[derive(Debug, Clone)]
 struct Signature {
     output: OutputKind,
+    element: Element,
+    /// A token-level output, when the model has one besides the pooled one.
+    tokens_fallback: Option<(String, Element)>,
+    /// The pooled output is L2-normalized and no token-level output exists.
+    normalized: bool,
     dim: usize,
 }
 
@@ -313,12 +376,12 @@ impl Signature {
             )));
         }
         let outputs: Vec<&str> = session.outputs().iter().map(|o| o.name()).collect();
+        let tokens = ["token_embeddings", "last_hidden_state"]
+            .into_iter()
+            .find(|n| outputs.contains(n));
         let output = if outputs.contains(&"sentence_embedding") {
             OutputKind::Pooled("sentence_embedding".into())
-        } else if let Some(name) = ["token_embeddings", "last_hidden_state"]
-            .into_iter()
-            .find(|n| outputs.contains(n))
-        {
+        } else if let Some(name) = tokens {
             OutputKind::Tokens(name.into())
         } else {
             return Err(unsupported(format!(
@@ -326,31 +389,118 @@ impl Signature {
                  last_hidden_state outputs (outputs: {outputs:?})"
             )));
         };
-        // A static last dimension that disagrees with config.json means the wrong folder.
-        let name = match &output {
-            OutputKind::Pooled(n) | OutputKind::Tokens(n) => n.as_str(),
+        let describe = |name: &str| -> Result<(Element, Option<i64>)> {
+            let outlet = session
+                .outputs()
+                .iter()
+                .find(|o| o.name() == name)
+                .expect("the name was taken from the session's outputs");
+            match outlet.dtype() {
+                ort::value::ValueType::Tensor { ty, shape, .. } => {
+                    let element = match ty {
+                        ort::value::TensorElementType::Float32 => Element::F32,
+                        ort::value::TensorElementType::Float16 => Element::F16,
+                        other => {
+                            return Err(unsupported(format!(
+                                "the output {name} of element type {other:?} (ruri reads \
+                                 float32 and float16 outputs)"
+                            )));
+                        }
+                    };
+                    Ok((element, shape.last().copied()))
+                }
+                other => Err(unsupported(format!(
+                    "the output {name} of type {other:?} (ruri reads tensors)"
+                ))),
+            }
         };
-        let declared = session
-            .outputs()
-            .iter()
-            .find(|o| o.name() == name)
-            .and_then(|o| match o.dtype() {
-                ort::value::ValueType::Tensor { shape, .. } => shape.last().copied(),
-                _ => None,
-            });
+        let (element, declared) = describe(output.name())?;
+        // A static last dimension that disagrees with config.json means the wrong folder.
         if let Some(d) = declared.filter(|&d| d > 0 && d as usize != hidden_size) {
             return Err(Error::InvalidConfig {
                 path: onnx.to_path_buf(),
                 reason: format!(
-                    "the ONNX output {name} has {d} dimensions but config.json's hidden_size is {hidden_size}"
+                    "the ONNX output {} has {d} dimensions but config.json's hidden_size is {hidden_size}",
+                    output.name()
                 ),
             });
         }
+        let tokens_fallback = match (&output, tokens) {
+            (OutputKind::Pooled(_), Some(name)) => Some((name.to_owned(), describe(name)?.0)),
+            _ => None,
+        };
         Ok(Self {
             output,
+            element,
+            tokens_fallback,
+            normalized: false,
             dim: hidden_size,
         })
     }
+
+    /// Some ports bake L2 normalization into `sentence_embedding`. Raw means raw: such a
+    /// pooled output is replaced by the token-level one when the model has it (the pipeline
+    /// then pools, and normalizes only when asked), else marked so that raw vectors are
+    /// refused. Found by running two short texts: a mean-pooled vector of unit length by
+    /// chance, twice, is not a risk worth a wrong answer.
+    fn check_normalized(
+        &mut self,
+        session: &mut Session,
+        onnx: &Path,
+        probe: [i64; 4],
+    ) -> Result<()> {
+        if !matches!(self.output, OutputKind::Pooled(_)) {
+            return Ok(());
+        }
+        let [bos, eos, pad, word] = probe;
+        let fail = |e: ort::Error| Error::Backend {
+            backend: "ort",
+            context: format!("probing the output of {}", onnx.display()),
+            source: Box::new(e),
+        };
+        let ids = ndarray::arr2(&[[bos, eos, pad], [bos, word, eos]]);
+        let mask = ndarray::arr2(&[[1i64, 1, 0], [1, 1, 1]]);
+        let ids = TensorRef::from_array_view(ids.view()).map_err(fail)?;
+        let mask = TensorRef::from_array_view(mask.view()).map_err(fail)?;
+        let outputs = session
+            .run(ort::inputs!["input_ids" => ids, "attention_mask" => mask])
+            .map_err(fail)?;
+        let pooled = extract(&outputs[self.output.name()], self.element).map_err(fail)?;
+        // float16 outputs carry ~3 decimal digits.
+        let tolerance = match self.element {
+            Element::F32 => 1e-4,
+            Element::F16 => 1e-2,
+        };
+        let unit = pooled.outer_iter().all(|row| {
+            let norm = row
+                .iter()
+                .map(|&x| f64::from(x) * f64::from(x))
+                .sum::<f64>()
+                .sqrt();
+            (norm - 1.0).abs() < tolerance
+        });
+        if unit {
+            match self.tokens_fallback.take() {
+                Some((name, element)) => {
+                    self.output = OutputKind::Tokens(name);
+                    self.element = element;
+                }
+                None => self.normalized = true,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An output as an owned f32 array: float32 copied, float16 widened.
+fn extract(
+    value: &ort::value::DynValue,
+    element: Element,
+) -> std::result::Result<ndarray::ArrayD<f32>, ort::Error> {
+    Ok(match element {
+        Element::F32 => value.try_extract_array::<f32>()?.to_owned(),
+        Element::F16 => value.try_extract_array::<half::f16>()?.mapv(f32::from),
+    })
 }
 
 /// The ONNX Runtime [`Backend`]: a pool of sessions over one ONNX file.
@@ -413,23 +563,24 @@ impl Backend for OrtBackend {
                 )
                 .map_err(|e| self.run_error(e))?;
             // Copy out while the session is held: the output lives in ONNX Runtime's memory.
-            match &self.signature.output {
-                OutputKind::Pooled(name) => {
-                    let view = outputs[name.as_str()]
-                        .try_extract_array::<f32>()
-                        .map_err(|e| self.run_error(e))?;
-                    let view = view.into_dimensionality::<Ix2>().map_err(shape_error)?;
-                    Ok(BackendOutput::Pooled(view.to_owned()))
+            let array = extract(
+                &outputs[self.signature.output.name()],
+                self.signature.element,
+            )
+            .map_err(|e| self.run_error(e))?;
+            Ok(match &self.signature.output {
+                OutputKind::Pooled(_) => {
+                    BackendOutput::Pooled(array.into_dimensionality::<Ix2>().map_err(shape_error)?)
                 }
-                OutputKind::Tokens(name) => {
-                    let view = outputs[name.as_str()]
-                        .try_extract_array::<f32>()
-                        .map_err(|e| self.run_error(e))?;
-                    let view = view.into_dimensionality::<Ix3>().map_err(shape_error)?;
-                    Ok(BackendOutput::TokenEmbeddings(view.to_owned()))
-                }
-            }
+                OutputKind::Tokens(_) => BackendOutput::TokenEmbeddings(
+                    array.into_dimensionality::<Ix3>().map_err(shape_error)?,
+                ),
+            })
         })
+    }
+
+    fn output_is_normalized(&self) -> bool {
+        self.signature.normalized
     }
 }
 

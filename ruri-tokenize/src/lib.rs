@@ -15,6 +15,9 @@
 //! * the **maximum length** comes from the model folder (`sentence_bert_config.json`'s
 //!   `max_seq_length`, else the smaller of `tokenizer_config.json`'s `model_max_length` and
 //!   `config.json`'s `max_position_embeddings`), counting the special tokens;
+//! * **whitespace is an explicit policy** ([`Whitespace`]): prompt + text as given (the
+//!   default, as sentence-transformers ≥ 5.4), or stripped exactly as Python's `str.strip()`
+//!   (as sentence-transformers 2.x–5.3, which Ruri v3 was trained and evaluated with);
 //! * **truncation is an explicit policy** ([`Truncation`]): either an error, or keep the first
 //!   tokens and still end with `</s>` (what sentence-transformers does). Every
 //!   [`Encoding`] reports whether it was truncated and how long it was before;
@@ -37,8 +40,8 @@ mod batch;
 mod error;
 pub mod files;
 mod unigram;
+mod whitespace;
 
-use std::borrow::Cow;
 use std::path::Path;
 
 use serde::Deserialize;
@@ -51,6 +54,7 @@ pub use batch::PaddedBatch;
 pub use error::{Result, TokenizeError};
 use files::read_optional_json;
 pub use unigram::CompactUnigram;
+pub use whitespace::{Whitespace, is_python_whitespace, strip_python};
 
 /// A `tokenizers` pipeline around [`CompactUnigram`].
 type CompactTokenizer = TokenizerImpl<
@@ -371,11 +375,21 @@ impl Tokenizer {
         text: &str,
         truncation: Truncation,
     ) -> Result<Encoding> {
-        let input: Cow<'_, str> = if prompt.is_empty() {
-            Cow::Borrowed(text)
-        } else {
-            Cow::Owned([prompt, text].concat())
-        };
+        self.encode_with(index, prompt, text, truncation, Whitespace::Keep)
+    }
+
+    /// [`Tokenizer::encode_at`] under a [`Whitespace`] policy: with [`Whitespace::Strip`],
+    /// prompt + text lose their leading and trailing whitespace first, as
+    /// sentence-transformers 2.x–5.3 do.
+    pub fn encode_with(
+        &self,
+        index: usize,
+        prompt: &str,
+        text: &str,
+        truncation: Truncation,
+        whitespace: Whitespace,
+    ) -> Result<Encoding> {
+        let input = whitespace.apply(prompt, text);
         // Encode without special tokens, truncate, then post-process: the same order as
         // `TokenizerImpl::post_process` with truncation set (what transformers calls), so the
         // kept tokens and the final `</s>` are identical to Python's.

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use proptest::prelude::*;
 use serde::Deserialize;
 
+
 /// proptest, for test crates that do not depend on it themselves (the root package).
 pub use proptest;
 /// The temporary folder [`tiny_model_copy`] returns.
@@ -97,10 +98,7 @@ impl Reference {
     }
 
     fn read(file: &str) -> Self {
-        let path = testdata_dir().join("reference").join(file);
-        let bytes =
-            std::fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-        serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
+        read_reference(file)
     }
 
     /// The item with this id; panics if there is none (a test naming a missing input is wrong).
@@ -110,6 +108,56 @@ impl Reference {
             .find(|i| i.id == id)
             .unwrap_or_else(|| panic!("no reference item {id:?}"))
     }
+}
+
+/// One input of a whitespace-policy reference and what one sentence-transformers version
+/// made of it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct PolicyItem {
+    /// Short name.
+    pub id: String,
+    /// The prompt text prepended.
+    pub prompt: String,
+    /// The text.
+    pub text: String,
+    /// The exact string sentence-transformers gave the tokenizer (prompt + text, stripped or
+    /// not).
+    pub tokenized_text: String,
+    /// Token ids sentence-transformers fed the model.
+    pub token_ids: Vec<u32>,
+    /// sentence-transformers, torch fp32 on CPU.
+    pub st_fp32: Vectors,
+}
+
+/// `testdata/reference/tiny_whitespace_{keep,strip}.json`: the tiny model on
+/// `testdata/whitespace_inputs.json` under sentence-transformers 6.2 (keeps whitespace) or
+/// 5.3 (strips prompt + text), made by `tools/testdata/generate_whitespace.sh`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct PolicyReference {
+    /// `"keep"` or `"strip"`, as checked on the sentence-transformers version that made it.
+    pub behaviour: String,
+    /// Every code point Python's `str.strip()` removes, in the interpreter that made it.
+    pub python_whitespace: Vec<u32>,
+    /// The inputs, in file order.
+    pub items: Vec<PolicyItem>,
+}
+
+impl PolicyReference {
+    /// sentence-transformers 6.2: prompt + text as given.
+    pub fn keep() -> Self {
+        read_reference("tiny_whitespace_keep.json")
+    }
+
+    /// sentence-transformers 5.3: prompt + text stripped.
+    pub fn strip() -> Self {
+        read_reference("tiny_whitespace_strip.json")
+    }
+}
+
+fn read_reference<T: serde::de::DeserializeOwned>(file: &str) -> T {
+    let path = testdata_dir().join("reference").join(file);
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
 }
 
 /// Cosine similarity computed in f64, so the measurement adds no error of its own.
