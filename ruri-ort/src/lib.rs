@@ -16,11 +16,19 @@
 //!
 //! # Model folders
 //!
-//! Either layout works: a sentence-transformers folder with an `onnx/` subfolder, or an ONNX
-//! port such as sirasagi62/ruri-v3-30m-ONNX (`config.json`, `tokenizer.json`,
-//! `onnx/model.onnx`, `onnx/model_quantized.onnx`). The model must take `input_ids` and
-//! `attention_mask` (int64, `batch × seq`) and give `sentence_embedding` (`batch × dim`, mean
-//! pooled) or `token_embeddings` / `last_hidden_state` (`batch × seq × dim`, pooled here).
+//! Either layout works: a sentence-transformers folder with ONNX files, or an ONNX port such as
+//! sirasagi62/ruri-v3-30m-ONNX (`config.json`, `tokenizer.json`, `onnx/model.onnx`,
+//! `onnx/model_quantized.onnx`). [`Precision`] finds its file under every name real ports use,
+//! in a fixed order ([`Precision::candidates`]); [`OrtEmbedderBuilder::onnx_file`] runs a given
+//! file instead. A missing precision is [`ruri_core::Error::NoModelFile`], listing the names
+//! tried and the ONNX files the folder has. The official cl-nagoya folders ship no ONNX file.
+//!
+//! The model must take `input_ids` and `attention_mask` (int64, `batch × seq`) and give
+//! `sentence_embedding` (`batch × dim`, mean pooled) or `token_embeddings` /
+//! `last_hidden_state` (`batch × seq × dim`, pooled here), as float32 or float16. Some exports
+//! bake L2 normalization into `sentence_embedding` (found at load by running two short texts):
+//! then `token_embeddings` is pooled instead when the file has it, and otherwise raw vectors
+//! (`normalize(false)`) are refused rather than returned normalized.
 //!
 //! # The ONNX Runtime library
 //!
