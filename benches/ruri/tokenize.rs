@@ -7,7 +7,9 @@ use super::support::{model_dir, workload};
 
 pub fn bench(c: &mut Criterion) {
     let Some(workload) = workload() else { return };
-    let tokenizer = Tokenizer::from_dir(model_dir()).expect("the bench model's tokenizer loads");
+    let tokenizer: Tokenizer = ruri::ModelDir::open(model_dir())
+        .and_then(|dir| dir.tokenizer())
+        .expect("the bench model's tokenizer loads");
     let mut group = c.benchmark_group("tokenize");
     group.throughput(Throughput::Elements(workload.documents.len() as u64));
     group.bench_function("documents", |b| {

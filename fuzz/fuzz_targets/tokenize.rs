@@ -13,7 +13,11 @@ use ruri_tokenize::{TokenizeError, Tokenizer, Truncation};
 
 fn ruri() -> &'static Tokenizer {
     static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
-    TOKENIZER.get_or_init(|| Tokenizer::from_dir(tiny_model_dir()).expect("the tiny model"))
+    TOKENIZER.get_or_init(|| {
+        ruri_core::ModelDir::open(tiny_model_dir())
+            .and_then(|dir| dir.tokenizer())
+            .expect("the tiny model")
+    })
 }
 
 /// Tokenizers with the small maximum lengths `Request` can ask for, made once.

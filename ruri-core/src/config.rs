@@ -21,7 +21,22 @@ pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T
 
 /// Reads and parses a JSON file; `Ok(None)` when it does not exist.
 pub(crate) fn read_optional_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>> {
-    ruri_tokenize::files::read_optional_json(path).map_err(Error::from)
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(Error::Io {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|source| Error::InvalidJson {
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
 /// Attention kind of one layer.

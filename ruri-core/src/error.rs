@@ -69,7 +69,16 @@ pub enum Error {
         /// The feature.
         what: String,
     },
-    /// The tokenizer could not be loaded or failed on a text.
+    /// `tokenizer.json` exists but cannot be loaded.
+    #[error("invalid tokenizer file {path}")]
+    InvalidTokenizer {
+        /// The file.
+        path: PathBuf,
+        /// Why `ruri-tokenize` refused it.
+        #[source]
+        source: TokenizeError,
+    },
+    /// The tokenizer failed on a text.
     #[error(transparent)]
     Tokenizer(TokenizeError),
     /// A text has more tokens than the model accepts and the truncation policy is
@@ -137,13 +146,10 @@ fn describe_found(found: &[String]) -> String {
 }
 
 impl From<TokenizeError> for Error {
-    /// Keeps one enum for callers: the variants they may match on (missing files, bad JSON,
-    /// over-long input) map to [`Error`]'s own; the rest stay wrapped as the source.
+    /// Keeps one enum for callers: an over-long input maps to [`Error::InputTooLong`]; the
+    /// rest stay wrapped.
     fn from(e: TokenizeError) -> Self {
         match e {
-            TokenizeError::MissingFile { path } => Error::MissingFile { path },
-            TokenizeError::Io { path, source } => Error::Io { path, source },
-            TokenizeError::InvalidJson { path, source } => Error::InvalidJson { path, source },
             TokenizeError::InputTooLong { index, tokens, max } => {
                 Error::InputTooLong { index, tokens, max }
             }

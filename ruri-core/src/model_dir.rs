@@ -131,6 +131,56 @@ struct SentenceTransformersConfig {
     model_type: Option<String>,
 }
 
+/// `sentence_bert_config.json`, only the key we need.
+#[derive(Deserialize)]
+struct SentenceBertConfig {
+    max_seq_length: Option<usize>,
+}
+
+/// `tokenizer_config.json`, only the keys we need. Tokens may be plain strings or
+/// `{"content": …}` objects depending on the transformers version that wrote the file.
+#[derive(Deserialize)]
+struct TokenizerConfig {
+    model_max_length: Option<f64>,
+    pad_token: Option<TokenSpelling>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum TokenSpelling {
+    Plain(String),
+    Object { content: String },
+}
+
+impl TokenSpelling {
+    fn into_string(self) -> String {
+        match self {
+            TokenSpelling::Plain(s) | TokenSpelling::Object { content: s } => s,
+        }
+    }
+}
+
+/// The maximum length as sentence-transformers resolves it: `max_seq_length` when configured,
+/// otherwise the smaller of the tokenizer's `model_max_length` and the model's
+/// `max_position_embeddings`. transformers writes a huge sentinel (1e30) for "no limit"; it
+/// is ignored.
+fn resolve_max_length(
+    st: Option<SentenceBertConfig>,
+    tokenizer: Option<&TokenizerConfig>,
+    config: &ModelConfig,
+) -> usize {
+    if let Some(max) = st.and_then(|c| c.max_seq_length) {
+        return max;
+    }
+    let tokenizer_max = tokenizer
+        .and_then(|c| c.model_max_length)
+        .filter(|m| (1.0..1e9).contains(m))
+        .map(|m| m as usize);
+    tokenizer_max.map_or(config.max_position_embeddings, |m| {
+        m.min(config.max_position_embeddings)
+    })
+}
+
 /// An opened model folder: its layout and parsed configuration. Backends find their weight
 /// files through it; the tokenizer and prompts come from it.
 #[derive(Debug, Clone)]
@@ -141,11 +191,15 @@ pub struct ModelDir {
     pooling: Pooling,
     prompts: Prompts,
     normalize_module: bool,
+    max_length: usize,
+    pad_token: Option<String>,
 }
 
 impl ModelDir {
-    /// Opens a folder in either layout and parses `config.json`, `1_Pooling/config.json` and
-    /// `config_sentence_transformers.json`. Weight files are not touched here.
+    /// Opens a folder in either layout and parses `config.json`, `modules.json`,
+    /// `1_Pooling/config.json`, `config_sentence_transformers.json`,
+    /// `sentence_bert_config.json` and `tokenizer_config.json`. Weight files and
+    /// `tokenizer.json` are not touched here.
     pub fn open(root: impl AsRef<Path>) -> Result<Self> {
         let root = root.as_ref().to_path_buf();
         if !root.is_dir() {
@@ -179,6 +233,14 @@ impl ModelDir {
             }
             prompts.by_name.extend(st.prompts);
         }
+        let sentence_bert: Option<SentenceBertConfig> =
+            read_optional_json(&root.join("sentence_bert_config.json"))?;
+        let tokenizer_config: Option<TokenizerConfig> =
+            read_optional_json(&root.join("tokenizer_config.json"))?;
+        let max_length = resolve_max_length(sentence_bert, tokenizer_config.as_ref(), &config);
+        let pad_token = tokenizer_config
+            .and_then(|c| c.pad_token)
+            .map(TokenSpelling::into_string);
         Ok(Self {
             root,
             layout,
@@ -186,6 +248,8 @@ impl ModelDir {
             pooling,
             prompts,
             normalize_module,
+            max_length,
+            pad_token,
         })
     }
 
@@ -216,6 +280,19 @@ impl ModelDir {
         self.normalize_module
     }
 
+    /// The longest input in tokens, special tokens included, as sentence-transformers
+    /// resolves it (`sentence_bert_config.json`'s `max_seq_length`, else the smaller of
+    /// `tokenizer_config.json`'s `model_max_length` and `config.json`'s
+    /// `max_position_embeddings`).
+    pub fn max_length(&self) -> usize {
+        self.max_length
+    }
+
+    /// `tokenizer_config.json`'s `pad_token`, if it names one (else `<pad>` is used).
+    pub fn pad_token(&self) -> Option<&str> {
+        self.pad_token.as_deref()
+    }
+
     /// Named prompts.
     pub fn prompts(&self) -> &Prompts {
         &self.prompts
@@ -236,7 +313,35 @@ impl ModelDir {
     /// a text as `<s> … </s>` with the config's `bos_token_id` / `eos_token_id` (a tokenizer
     /// with another post-processor would feed the model sequences it was never trained on).
     pub fn tokenizer(&self) -> Result<Tokenizer> {
-        let tokenizer = Tokenizer::from_dir(&self.root)?;
+        let path = self.file("tokenizer.json")?;
+        let json = std::fs::read(&path).map_err(|source| Error::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let tokenizer =
+            Tokenizer::from_json(&json, self.max_length, self.pad_token()).map_err(|source| {
+                match source {
+                    ruri_tokenize::TokenizeError::InvalidTokenizer { .. } => {
+                        Error::InvalidTokenizer {
+                            path: path.clone(),
+                            source,
+                        }
+                    }
+                    // A pad token or maximum length the folder's configs ask for.
+                    other => Error::Tokenizer(other),
+                }
+            })?;
+        if tokenizer.pad_id() != self.config.pad_token_id {
+            return Err(Error::InvalidConfig {
+                path: self.root.join("config.json"),
+                reason: format!(
+                    "pad_token_id is {} but the tokenizer pads with id {} ({})",
+                    self.config.pad_token_id,
+                    tokenizer.pad_id(),
+                    self.pad_token().unwrap_or("<pad>")
+                ),
+            });
+        }
         let framed = tokenizer.encode("", "", ruri_tokenize::Truncation::Truncate)?;
         let expected = [self.config.bos_token_id, self.config.eos_token_id];
         if framed.ids() != expected {

@@ -12,9 +12,9 @@
 //!   `tokenizer.json` with another model type (BPE, WordPiece) loads with the crate's model;
 //! * the **prompt** (`"検索クエリ: "`, `"検索文書: "`, …) is prepended to the text as plain
 //!   text before tokenizing, exactly as `SentenceTransformer.encode(prompt=…)` does;
-//! * the **maximum length** comes from the model folder (`sentence_bert_config.json`'s
-//!   `max_seq_length`, else the smaller of `tokenizer_config.json`'s `model_max_length` and
-//!   `config.json`'s `max_position_embeddings`), counting the special tokens;
+//! * the **maximum length** (counting the special tokens) and the pad token are given by the
+//!   caller: this crate reads `tokenizer.json`'s bytes and no file at all (`ruri-core`'s
+//!   `ModelDir` resolves the length from the folder's configs as sentence-transformers does);
 //! * **whitespace is an explicit policy** ([`Whitespace`]): prompt + text as given (the
 //!   default, as sentence-transformers ≥ 5.4), or stripped exactly as Python's `str.strip()`
 //!   (as sentence-transformers 2.x–5.3, which Ruri v3 was trained and evaluated with);
@@ -24,10 +24,12 @@
 //! * **padding** into the flat `input_ids` / `attention_mask` buffers a backend consumes
 //!   ([`PaddedBatch`]), with the model's pad id.
 //!
-//! ```no_run
+//! ```
 //! use ruri_tokenize::{Tokenizer, Truncation};
 //!
-//! let tokenizer = Tokenizer::from_dir("testdata/tiny")?;
+//! # let json = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/tiny/tokenizer.json")).unwrap();
+//! // `json`: the bytes of a Ruri model's tokenizer.json.
+//! let tokenizer = Tokenizer::from_json(&json, 512, None)?;
 //! let query = tokenizer.encode("検索クエリ: ", "瑠璃色はどんな色？", Truncation::Truncate)?;
 //! assert_eq!(query.ids().first(), Some(&1)); // <s>
 //! assert!(!query.truncated());
@@ -38,13 +40,9 @@
 
 mod batch;
 mod error;
-pub mod files;
 mod unigram;
 mod whitespace;
 
-use std::path::Path;
-
-use serde::Deserialize;
 use tokenizers::{
     DecoderWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper, TokenizerImpl,
     TruncationDirection,
@@ -52,7 +50,6 @@ use tokenizers::{
 
 pub use batch::PaddedBatch;
 pub use error::{Result, TokenizeError};
-use files::read_optional_json;
 pub use unigram::CompactUnigram;
 pub use whitespace::{Whitespace, is_python_whitespace, strip_python};
 
@@ -163,115 +160,15 @@ pub struct Tokenizer {
     added_specials: usize,
 }
 
-/// `sentence_bert_config.json`, only the key we need.
-#[derive(Deserialize)]
-struct SentenceBertConfig {
-    max_seq_length: Option<usize>,
-}
-
-/// `tokenizer_config.json`, only the keys we need. Tokens may be plain strings or
-/// `{"content": …}` objects depending on the transformers version that wrote the file.
-#[derive(Deserialize)]
-struct TokenizerConfig {
-    model_max_length: Option<f64>,
-    pad_token: Option<TokenSpelling>,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum TokenSpelling {
-    Plain(String),
-    Object { content: String },
-}
-
-impl TokenSpelling {
-    fn as_str(&self) -> &str {
-        match self {
-            TokenSpelling::Plain(s) | TokenSpelling::Object { content: s } => s,
-        }
-    }
-}
-
-/// `config.json`, only the keys the tokenizer needs.
-#[derive(Deserialize)]
-struct ModelConfigLengths {
-    max_position_embeddings: Option<usize>,
-    pad_token_id: Option<u32>,
-}
-
 impl Tokenizer {
-    /// Loads `tokenizer.json` and the maximum length from a model folder, in either the
-    /// sentence-transformers layout or the ONNX-port layout (no `sentence_bert_config.json`).
-    pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self> {
-        let dir = dir.as_ref();
-        let tokenizer_path = dir.join("tokenizer.json");
-        let st: Option<SentenceBertConfig> =
-            read_optional_json(&dir.join("sentence_bert_config.json"))?;
-        let tok_cfg: Option<TokenizerConfig> =
-            read_optional_json(&dir.join("tokenizer_config.json"))?;
-        let model_cfg: Option<ModelConfigLengths> = read_optional_json(&dir.join("config.json"))?;
-
-        // sentence-transformers: `max_seq_length` when configured, otherwise the smaller of the
-        // tokenizer's `model_max_length` and the model's `max_position_embeddings`.
-        // transformers writes a huge sentinel (1e30) for "no limit"; it is ignored.
-        let tokenizer_max = tok_cfg
-            .as_ref()
-            .and_then(|c| c.model_max_length)
-            .filter(|m| (1.0..1e9).contains(m))
-            .map(|m| m as usize);
-        let position_max = model_cfg.as_ref().and_then(|c| c.max_position_embeddings);
-        let max_length = match st.and_then(|c| c.max_seq_length) {
-            Some(m) => m,
-            None => match (tokenizer_max, position_max) {
-                (Some(a), Some(b)) => a.min(b),
-                (Some(a), None) | (None, Some(a)) => a,
-                (None, None) => {
-                    return Err(TokenizeError::UnknownMaxLength {
-                        dir: dir.to_path_buf(),
-                    });
-                }
-            },
-        };
-
-        let pad_token = tok_cfg
-            .as_ref()
-            .and_then(|c| c.pad_token.as_ref())
-            .map(|t| t.as_str().to_owned());
-        let config_pad_id = model_cfg.as_ref().and_then(|c| c.pad_token_id);
-        let mut tokenizer = Self::from_file(&tokenizer_path, max_length, pad_token.as_deref())?;
-        if let Some(config_pad_id) = config_pad_id.filter(|&id| id != tokenizer.pad_id) {
-            return Err(TokenizeError::PadIdMismatch {
-                tokenizer: tokenizer.pad_id,
-                config: config_pad_id,
-            });
-        }
-        tokenizer.max_length = max_length;
-        Ok(tokenizer)
-    }
-
-    /// Loads a `tokenizer.json` with an explicit maximum length (special tokens included).
+    /// Parses the bytes of a `tokenizer.json` with an explicit maximum length (special tokens
+    /// included). The pad id is that of `pad_token` when given, else of `<pad>`.
     ///
-    /// The pad id is that of `pad_token` when given, else of `<pad>`.
-    pub fn from_file(
-        tokenizer_json: impl AsRef<Path>,
-        max_length: usize,
-        pad_token: Option<&str>,
-    ) -> Result<Self> {
-        let path = tokenizer_json.as_ref();
-        if !path.is_file() {
-            return Err(TokenizeError::MissingFile {
-                path: path.to_path_buf(),
-            });
-        }
-        let invalid = |source| TokenizeError::InvalidTokenizer {
-            path: path.to_path_buf(),
-            source,
-        };
-        let json = std::fs::read(path).map_err(|source| TokenizeError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let mut engine = Engine::from_json(&json).map_err(invalid)?;
+    /// This crate reads no files: the maximum length and the pad token are the model folder's
+    /// to state (`ruri-core`'s `ModelDir` resolves them as sentence-transformers does).
+    pub fn from_json(json: &[u8], max_length: usize, pad_token: Option<&str>) -> Result<Self> {
+        let invalid = |source| TokenizeError::InvalidTokenizer { source };
+        let mut engine = Engine::from_json(json).map_err(invalid)?;
         // Truncation and padding are ours to apply (per item, reported); a tokenizer.json that
         // carries its own settings must not apply them a second time.
         with_engine!(&mut engine, t => {
