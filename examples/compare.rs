@@ -16,8 +16,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
 use ruri::Embedder;
-use ruri::candle::{CandleEmbedder, DType};
-use ruri::ort::{OrtEmbedder, Precision};
+use ruri::candle::DType;
+use ruri::ort::Precision;
 
 /// Side-by-side benchmark runner for ruri's backends.
 #[derive(Debug, Parser)]
@@ -110,9 +110,9 @@ fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn E
         batching = batching.max_batch_size(n);
     }
     // `sessions`: the pool size; with more than one, each session gets one thread (one
-    // session per core, see `OrtEmbedderBuilder::sessions`).
+    // session per core, see `ruri::ort::OrtBuilder::sessions`).
     let ort = |precision: Precision, sessions: usize| {
-        let mut builder = OrtEmbedder::builder()
+        let mut builder = ruri::ort::builder()
             .precision(precision)
             .sessions(sessions)
             .batching(batching);
@@ -131,7 +131,7 @@ fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn E
             .map_err(describe)
     };
     let candle = |dtype: DType| {
-        CandleEmbedder::builder()
+        ruri::candle::builder()
             .dtype(dtype)
             .batching(batching)
             .build_from_dir(model)

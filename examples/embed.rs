@@ -17,9 +17,9 @@ use std::io::{self, BufRead, BufWriter, IsTerminal, Write};
 use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
-use common::{Loaded, ModelArgs};
+use common::ModelArgs;
 use describe::describe;
-use ruri::{Backend, Encoding, Error, Pipeline, Task, Truncation};
+use ruri::{EmbedOptions, Error, Task, TextEmbedder, Truncation};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum TaskArg {
@@ -105,19 +105,18 @@ fn run(args: Args) -> Result<(), String> {
         TaskArg::Topic => Task::Topic,
         TaskArg::None => Task::None,
     };
-    match &embedder {
-        Loaded::Ort(e) => stream(&args, e.pipeline(), &task),
-        Loaded::Candle(e) => stream(&args, e.pipeline(), &task),
-    }
+    stream(&args, &embedder, task)
 }
 
 /// Reads stdin in chunks, embeds each chunk, writes one JSON line per input, in order.
-fn stream<B: Backend>(args: &Args, pipeline: &Pipeline<B>, task: &Task) -> Result<(), String> {
-    let prompt = pipeline.prompts().resolve(task).map_err(|e| describe(&e))?;
+fn stream(args: &Args, embedder: &TextEmbedder, task: Task) -> Result<(), String> {
     let truncation = match args.truncate {
         TruncateArg::Truncate => Truncation::Truncate,
         TruncateArg::Error => Truncation::Error,
     };
+    let options = EmbedOptions::new(task).truncation(truncation);
+    // An unknown prompt name fails before any input is read.
+    embedder.encode(&[""], &options).map_err(|e| describe(&e))?;
 
     let progress = io::stderr().is_terminal().then(|| {
         let bar = indicatif::ProgressBar::new_spinner();
@@ -153,23 +152,16 @@ fn stream<B: Backend>(args: &Args, pipeline: &Pipeline<B>, task: &Task) -> Resul
         if texts.is_empty() {
             break;
         }
-        let encodings = texts
-            .iter()
-            .enumerate()
-            .map(|(i, text)| {
-                pipeline
-                    .tokenizer()
-                    .encode_with(i, prompt, text, truncation, pipeline.whitespace())
-            })
-            .collect::<Result<Vec<Encoding>, _>>()
-            .map_err(|e| match Error::from(e) {
+        let encodings = embedder
+            .encode(&texts, &options)
+            .map_err(|e| match e {
                 Error::InputTooLong { index, tokens, max } => format!(
                     "line {} has {tokens} tokens, more than the model's {max} (use --truncate truncate)",
                     first_line + index
                 ),
                 other => describe(&other),
             })?;
-        let embeddings = pipeline
+        let embeddings = embedder
             .embed_encodings(&encodings, !args.raw)
             .map_err(|e| describe(&e))?;
         for (vector, encoding) in embeddings.iter().zip(&encodings) {

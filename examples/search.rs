@@ -27,7 +27,7 @@ use std::time::Instant;
 use clap::Parser;
 use common::ModelArgs;
 use describe::describe;
-use ruri::{Embedder, top_k};
+use ruri::top_k;
 
 /// Search Japanese documents by meaning with a Ruri v3 model.
 #[derive(Debug, Parser)]
@@ -82,11 +82,10 @@ fn run(args: Args) -> Result<(), String> {
         .model
         .clone()
         .unwrap_or_else(common::tiny_model_dir);
-    let embedder: Box<dyn Embedder> = args
+    let embedder = args
         .model_args
         .load(&model, None, None)
-        .map_err(|e| describe(&e))?
-        .into();
+        .map_err(|e| describe(&e))?;
     if args.model_args.model.is_none() {
         println!(
             "note: no --model given; {} is a random-weight TEST model, so these rankings mean nothing",

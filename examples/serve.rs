@@ -35,8 +35,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use common::{BackendArg, Loaded, ModelArgs};
-use ruri::{Embeddings, Encoding, Prompts, Tokenizer};
+use common::{BackendArg, ModelArgs};
 
 /// Serve Ruri v3 embeddings over HTTP (OpenAI and TEI shapes).
 #[derive(Debug, Parser)]
@@ -72,30 +71,6 @@ struct Args {
     /// Most tokens merged into one backend call.
     #[arg(long, default_value_t = server::Config::default().max_merge_tokens)]
     max_merge_tokens: usize,
-}
-
-impl Loaded {
-    fn pipeline(&self) -> &dyn server::Engine {
-        match self {
-            Loaded::Ort(e) => e.pipeline(),
-            Loaded::Candle(e) => e.pipeline(),
-        }
-    }
-}
-
-impl server::Engine for Loaded {
-    fn tokenizer(&self) -> &Tokenizer {
-        self.pipeline().tokenizer()
-    }
-    fn prompts(&self) -> &Prompts {
-        self.pipeline().prompts()
-    }
-    fn dim(&self) -> usize {
-        self.pipeline().dim()
-    }
-    fn embed_raw(&self, encodings: &[Encoding]) -> ruri::Result<Embeddings> {
-        self.pipeline().embed_raw(encodings)
-    }
 }
 
 fn main() -> ExitCode {

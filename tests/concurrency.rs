@@ -9,8 +9,6 @@ use std::sync::Arc;
 use std::sync::mpsc::{RecvTimeoutError, channel};
 use std::time::Duration;
 
-use ruri::candle::CandleEmbedder;
-use ruri::ort::OrtEmbedder;
 use ruri::{BatchOptions, Embedder, Task};
 use ruri_testkit::{Reference, max_abs_diff, tiny_model_dir};
 
@@ -99,7 +97,7 @@ fn shared_embedder_equals_sequential(name: &'static str, embedder: Arc<dyn Embed
 
 #[test]
 fn ort_with_a_pool_smaller_than_the_threads() {
-    let embedder = OrtEmbedder::builder()
+    let embedder = ruri::ort::builder()
         .sessions(2)
         .intra_threads(1)
         .batching(BatchOptions::default().max_batch_size(4))
@@ -110,7 +108,7 @@ fn ort_with_a_pool_smaller_than_the_threads() {
 
 #[test]
 fn ort_with_one_session() {
-    let embedder = OrtEmbedder::builder()
+    let embedder = ruri::ort::builder()
         .intra_threads(1)
         .build_from_dir(tiny_model_dir())
         .unwrap();
@@ -119,7 +117,7 @@ fn ort_with_one_session() {
 
 #[test]
 fn candle() {
-    let embedder = CandleEmbedder::builder()
+    let embedder = ruri::candle::builder()
         .batching(BatchOptions::default().max_batch_size(4))
         .build_from_dir(tiny_model_dir())
         .unwrap();

@@ -6,8 +6,7 @@
 
 use std::sync::OnceLock;
 
-use ruri::candle::CandleEmbedder;
-use ruri::ort::{OrtEmbedder, Precision};
+use ruri::ort::Precision;
 use ruri::{EmbedOptions, Embedder, Embeddings, Error, Task, Truncation};
 use ruri_testkit::{Item, Reference, Vectors, cosine, max_abs_diff, tiny_model_dir};
 
@@ -33,7 +32,7 @@ fn backends() -> &'static [Backend] {
     BACKENDS.get_or_init(|| {
         let ort = |precision| -> Box<dyn Embedder> {
             Box::new(
-                OrtEmbedder::builder()
+                ruri::ort::builder()
                     .precision(precision)
                     .build_from_dir(tiny_model_dir())
                     .unwrap(),
@@ -57,7 +56,7 @@ fn backends() -> &'static [Backend] {
             Backend {
                 name: "candle f32",
                 embedder: Box::new(
-                    CandleEmbedder::builder()
+                    ruri::candle::builder()
                         .build_from_dir(tiny_model_dir())
                         .unwrap(),
                 ),

@@ -4,8 +4,7 @@
 
 use std::path::Path;
 
-use ruri::candle::CandleEmbedder;
-use ruri::ort::{OrtEmbedder, Precision};
+use ruri::ort::Precision;
 use ruri::tokenize::TokenizeError;
 use ruri::{Embedder, Error, Task};
 use ruri_testkit::{Reference, TempDir, edit_file, max_abs_diff, tiny_model_copy, tiny_model_dir};
@@ -24,7 +23,7 @@ const ALL: &[Backend] = &[OrtFp32, OrtInt8, Candle];
 fn build(backend: Backend, dir: &Path) -> ruri::Result<Box<dyn Embedder>> {
     Ok(match backend {
         OrtFp32 | OrtInt8 => Box::new(
-            OrtEmbedder::builder()
+            ruri::ort::builder()
                 .precision(if backend == OrtInt8 {
                     Precision::Int8
                 } else {
@@ -32,7 +31,7 @@ fn build(backend: Backend, dir: &Path) -> ruri::Result<Box<dyn Embedder>> {
                 })
                 .build_from_dir(dir)?,
         ),
-        Candle => Box::new(CandleEmbedder::builder().build_from_dir(dir)?),
+        Candle => Box::new(ruri::candle::builder().build_from_dir(dir)?),
     })
 }
 

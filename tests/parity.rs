@@ -6,8 +6,8 @@
 //! build its embedder and which tolerances apply. Print the measured figures with
 //! `cargo test --test parity -- --nocapture`.
 
-use ruri::candle::{CandleEmbedder, DType, Device, LocalAttention};
-use ruri::ort::{OrtEmbedder, Precision};
+use ruri::candle::{DType, Device, LocalAttention};
+use ruri::ort::Precision;
 use ruri::{BatchOptions, EmbedOptions, Embedder, Task};
 use ruri_testkit::{Agreement, Item, Reference, Vectors, tiny_model_dir};
 
@@ -104,7 +104,7 @@ struct Case {
 }
 
 fn ort(precision: Precision, batching: BatchOptions) -> Box<dyn Embedder> {
-    let embedder = OrtEmbedder::builder()
+    let embedder = ruri::ort::builder()
         .precision(precision)
         .batching(batching)
         .build_from_dir(tiny_model_dir())
@@ -132,7 +132,7 @@ fn candle(
     local: LocalAttention,
     batching: BatchOptions,
 ) -> Box<dyn Embedder> {
-    let embedder = CandleEmbedder::builder()
+    let embedder = ruri::candle::builder()
         .device(device)
         .dtype(dtype)
         .local_attention(local)

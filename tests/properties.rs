@@ -12,10 +12,10 @@
 //! ruri-core/tests/pipeline.rs checks the same invariants bit for bit with a stand-in
 //! backend; here the model is real.
 
+use ruri::TextEmbedder;
 use std::sync::OnceLock;
 
-use ruri::candle::CandleEmbedder;
-use ruri::ort::{OrtEmbedder, Precision};
+use ruri::ort::Precision;
 use ruri::{
     BatchOptions, EmbedOptions, Embedder, Error, ModelDir, Task, Tokenizer, Truncation, prompts,
 };
@@ -36,8 +36,8 @@ fn tokenizer() -> &'static Tokenizer {
     })
 }
 
-fn ort(precision: Precision, batching: BatchOptions) -> OrtEmbedder {
-    OrtEmbedder::builder()
+fn ort(precision: Precision, batching: BatchOptions) -> TextEmbedder {
+    ruri::ort::builder()
         .precision(precision)
         .batching(batching)
         .build_from_dir(tiny_model_dir())
@@ -110,14 +110,14 @@ proptest! {
 
     #[test]
     fn ort_fp32(texts in texts(), task in task()) {
-        static EMBEDDER: OnceLock<OrtEmbedder> = OnceLock::new();
+        static EMBEDDER: OnceLock<TextEmbedder> = OnceLock::new();
         let embedder = EMBEDDER.get_or_init(|| ort(Precision::Fp32, BatchOptions::default()));
         check(embedder, &texts, task)?;
     }
 
     #[test]
     fn ort_int8_in_batches_of_one(texts in texts(), task in task()) {
-        static EMBEDDER: OnceLock<OrtEmbedder> = OnceLock::new();
+        static EMBEDDER: OnceLock<TextEmbedder> = OnceLock::new();
         let embedder = EMBEDDER
             .get_or_init(|| ort(Precision::Int8, BatchOptions::default().max_batch_size(1)));
         check(embedder, &texts, task)?;
@@ -125,9 +125,9 @@ proptest! {
 
     #[test]
     fn candle_f32(texts in texts(), task in task()) {
-        static EMBEDDER: OnceLock<CandleEmbedder> = OnceLock::new();
+        static EMBEDDER: OnceLock<TextEmbedder> = OnceLock::new();
         let embedder = EMBEDDER
-            .get_or_init(|| CandleEmbedder::builder().build_from_dir(tiny_model_dir()).unwrap());
+            .get_or_init(|| ruri::candle::builder().build_from_dir(tiny_model_dir()).unwrap());
         check(embedder, &texts, task)?;
     }
 }

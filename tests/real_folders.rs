@@ -4,10 +4,10 @@
 //! tools/testdata/build_model.py). Expected vectors come from testdata/reference/tiny.json
 //! (sentence-transformers and onnxruntime-Python), never from ruri.
 
+use ruri::TextEmbedder;
 use std::path::Path;
 
-use ruri::candle::CandleEmbedder;
-use ruri::ort::{OrtEmbedder, Precision};
+use ruri::ort::Precision;
 use ruri::{EmbedOptions, Embedder, Error, Task};
 use ruri_testkit::{
     Reference, TempDir, cosine, max_abs_diff, testdata_dir, tiny_model_copy, tiny_model_dir,
@@ -32,8 +32,8 @@ fn tiny_file(name: &str) -> std::path::PathBuf {
     tiny_model_dir().join(name)
 }
 
-fn ort(dir: &Path, precision: Precision) -> OrtEmbedder {
-    OrtEmbedder::builder()
+fn ort(dir: &Path, precision: Precision) -> TextEmbedder {
+    ruri::ort::builder()
         .precision(precision)
         .build_from_dir(dir)
         .unwrap_or_else(|e| panic!("{precision} in {}: {e}", dir.display()))
@@ -47,7 +47,7 @@ fn document() -> ruri_testkit::Item {
 /// Which file ran, told apart by its output: the fp32 file gives sentence-transformers'
 /// vector, the int8 file onnxruntime-Python's int8 vector (the two differ by far more than
 /// either tolerance).
-fn assert_runs(embedder: &OrtEmbedder, fp32: bool, at: &str) {
+fn assert_runs(embedder: &TextEmbedder, fp32: bool, at: &str) {
     let item = document();
     let v = embedder.embed_documents(&[&item.text]).unwrap();
     let v = v.get(0).unwrap();
@@ -75,7 +75,10 @@ fn every_port_file_name_is_found() {
         for name in precision.candidates() {
             let dir = folder_with(&[(name, &source)]);
             let embedder = ort(dir.path(), precision);
-            let ran = embedder.pipeline().backend().onnx_file();
+            let ran = embedder
+                .backend_as::<ruri::ort::OrtBackend>()
+                .unwrap()
+                .onnx_file();
             assert_eq!(ran, dir.path().join(name), "{precision}");
             assert_runs(&embedder, precision == Precision::Fp32, name);
         }
@@ -116,7 +119,7 @@ fn the_preferred_name_wins() {
         "model_quantized first",
     );
     // An explicit file beats discovery.
-    let embedder = OrtEmbedder::builder()
+    let embedder = ruri::ort::builder()
         .precision(Precision::Int8)
         .onnx_file("onnx/model_qint8_avx2.onnx")
         .build_from_dir(dir.path())
@@ -132,7 +135,7 @@ fn a_missing_precision_lists_what_the_folder_has() {
         ("extra.onnx", &int8),
     ]);
     for precision in [Precision::Fp32, Precision::Fp16] {
-        match OrtEmbedder::builder()
+        match ruri::ort::builder()
             .precision(precision)
             .build_from_dir(dir.path())
         {
@@ -145,7 +148,7 @@ fn a_missing_precision_lists_what_the_folder_has() {
             other => panic!("{precision}: expected NoModelFile, got {:?}", other.err()),
         }
     }
-    let e = OrtEmbedder::builder()
+    let e = ruri::ort::builder()
         .build_from_dir(dir.path())
         .unwrap_err()
         .to_string();
@@ -169,11 +172,7 @@ fn a_normalize_module_gives_sentence_transformers_vectors() {
     let item = document();
     let embedders: [Box<dyn Embedder>; 2] = [
         Box::new(ort(dir.path(), Precision::Fp32)),
-        Box::new(
-            CandleEmbedder::builder()
-                .build_from_dir(dir.path())
-                .unwrap(),
-        ),
+        Box::new(ruri::candle::builder().build_from_dir(dir.path()).unwrap()),
     ];
     for embedder in embedders {
         let v = embedder.embed_documents(&[&item.text]).unwrap();
@@ -230,7 +229,7 @@ fn float16_outputs_are_read() {
         .ort_fp16
         .as_ref()
         .expect("tiny.json has onnxruntime-Python's fp16 vectors");
-    match OrtEmbedder::builder()
+    match ruri::ort::builder()
         .precision(Precision::Fp16)
         .build_from_dir(dir.path())
     {

@@ -9,6 +9,7 @@
 #[path = "../examples/serve/mod.rs"]
 mod server;
 
+use ruri::TextEmbedder;
 use std::net::SocketAddr;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -19,8 +20,7 @@ use hyper::body::Bytes;
 use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::{Method, StatusCode};
 use hyper_util::rt::TokioIo;
-use ruri::ort::OrtEmbedder;
-use ruri::{EmbedOptions, Embedder, Embeddings, Encoding, Prompts, Task, Tokenizer};
+use ruri::{EmbedOptions, Embeddings, Encoding, Prompts, Task, Tokenizer};
 use ruri_testkit::{Reference, tiny_model_dir};
 use serde_json::{Value, json};
 use server::{Config, Engine, LoadResult};
@@ -34,27 +34,27 @@ const SAME_MODEL: f32 = 1e-6;
 /// Against the Python references: the parity test's fp32 tolerance.
 const VS_PYTHON: f32 = 1e-5;
 
-fn tiny() -> OrtEmbedder {
-    OrtEmbedder::builder()
+fn tiny() -> TextEmbedder {
+    ruri::ort::builder()
         .build_from_dir(tiny_model_dir())
         .unwrap_or_else(|e| panic!("building the tiny ort fp32 model: {e:?}"))
 }
 
 /// The tiny model as the server sees it.
-struct Tiny(OrtEmbedder);
+struct Tiny(TextEmbedder);
 
 impl Engine for Tiny {
     fn tokenizer(&self) -> &Tokenizer {
-        self.0.pipeline().tokenizer()
+        self.0.tokenizer()
     }
     fn prompts(&self) -> &Prompts {
-        self.0.pipeline().prompts()
+        self.0.prompts()
     }
     fn dim(&self) -> usize {
         self.0.dim()
     }
     fn embed_raw(&self, encodings: &[Encoding]) -> ruri::Result<Embeddings> {
-        self.0.pipeline().embed_encodings(encodings, false)
+        self.0.embed_encodings(encodings, false)
     }
 }
 
@@ -419,7 +419,7 @@ fn client_texts(client: usize, request: usize, n: usize) -> Vec<String> {
 }
 
 /// What the library itself gives for `texts` (no prompt, unit length), one call.
-fn library_vectors(embedder: &OrtEmbedder, texts: &[String]) -> Vec<Vec<f32>> {
+fn library_vectors(embedder: &TextEmbedder, texts: &[String]) -> Vec<Vec<f32>> {
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     embedder
         .embed_with(&refs, &EmbedOptions::new(Task::None))

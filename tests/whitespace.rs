@@ -6,8 +6,6 @@
 //! Python strips, leading and trailing, look-alikes it keeps, and empty and whitespace-only
 //! texts with each prompt.
 
-use ruri::candle::CandleEmbedder;
-use ruri::ort::OrtEmbedder;
 use ruri::{EmbedOptions, Embedder, Task, Truncation, Whitespace};
 use ruri_testkit::{Agreement, PolicyReference, tiny_model_dir};
 
@@ -85,7 +83,7 @@ fn backends(policy: Whitespace) -> Vec<(&'static str, Box<dyn Embedder>)> {
         (
             "ort fp32",
             Box::new(
-                OrtEmbedder::builder()
+                ruri::ort::builder()
                     .whitespace(policy)
                     .build_from_dir(tiny_model_dir())
                     .unwrap(),
@@ -94,7 +92,7 @@ fn backends(policy: Whitespace) -> Vec<(&'static str, Box<dyn Embedder>)> {
         (
             "candle f32",
             Box::new(
-                CandleEmbedder::builder()
+                ruri::candle::builder()
                     .whitespace(policy)
                     .build_from_dir(tiny_model_dir())
                     .unwrap(),

@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use ruri::Embedder;
-use ruri::candle::{CandleEmbedder, DType};
-use ruri::ort::{OrtEmbedder, Precision};
+use ruri::candle::DType;
+use ruri::ort::Precision;
 
 /// The workload: documents (with the document prompt) and short queries (query prompt).
 pub struct Workload {
@@ -73,7 +73,7 @@ pub struct System {
 
 fn ort(precision: Precision) -> Box<dyn Embedder> {
     Box::new(
-        OrtEmbedder::builder()
+        ruri::ort::builder()
             .precision(precision)
             .build_from_dir(model_dir())
             .unwrap_or_else(|e| panic!("building ort {precision:?}: {e:?}")),
@@ -82,7 +82,7 @@ fn ort(precision: Precision) -> Box<dyn Embedder> {
 
 fn candle(dtype: DType) -> Box<dyn Embedder> {
     Box::new(
-        CandleEmbedder::builder()
+        ruri::candle::builder()
             .dtype(dtype)
             .build_from_dir(model_dir())
             .unwrap_or_else(|e| panic!("building candle {dtype:?}: {e:?}")),

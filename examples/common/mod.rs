@@ -6,13 +6,13 @@
 //! includes it once, `search` and `embed` directly and `serve` through `serve/mod.rs`, which
 //! `tests/server.rs` also builds without candle (and so without this module).
 
+use ruri::TextEmbedder;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::ValueEnum;
-use ruri::Embedder;
-use ruri::candle::{CandleEmbedder, DType};
-use ruri::ort::{OrtEmbedder, Precision as OrtPrecision};
+use ruri::candle::DType;
+use ruri::ort::Precision as OrtPrecision;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum BackendArg {
@@ -101,7 +101,7 @@ impl ModelArgs {
         dir: &Path,
         threads: Option<usize>,
         sessions: Option<usize>,
-    ) -> ruri::Result<Loaded> {
+    ) -> ruri::Result<TextEmbedder> {
         if let Some((value, reason)) = unsupported(self.backend, self.precision) {
             return Err(ruri::Error::InvalidOption {
                 name: "--precision",
@@ -116,7 +116,7 @@ impl ModelArgs {
                     Precision::Fp16 => OrtPrecision::Fp16,
                     _ => OrtPrecision::Fp32,
                 };
-                let mut builder = OrtEmbedder::builder()
+                let mut builder = ruri::ort::builder()
                     .precision(precision)
                     .whitespace(self.whitespace());
                 if let Some(file) = &self.onnx_file {
@@ -128,7 +128,7 @@ impl ModelArgs {
                 if let Some(sessions) = sessions {
                     builder = builder.sessions(sessions);
                 }
-                Loaded::Ort(builder.build_from_dir(dir)?)
+                builder.build_from_dir(dir)?
             }
             BackendArg::Candle => {
                 let dtype = match self.precision {
@@ -136,12 +136,10 @@ impl ModelArgs {
                     Precision::Fp16 => DType::F16,
                     _ => DType::F32,
                 };
-                Loaded::Candle(
-                    CandleEmbedder::builder()
-                        .dtype(dtype)
-                        .whitespace(self.whitespace())
-                        .build_from_dir(dir)?,
-                )
+                ruri::candle::builder()
+                    .dtype(dtype)
+                    .whitespace(self.whitespace())
+                    .build_from_dir(dir)?
             }
         })
     }
@@ -172,20 +170,5 @@ fn unsupported(backend: BackendArg, precision: Precision) -> Option<(&'static st
             Some(("int8", "int8 needs --backend ort (an int8 ONNX file)"))
         }
         _ => None,
-    }
-}
-
-/// The embedder of the chosen backend.
-pub enum Loaded {
-    Ort(OrtEmbedder),
-    Candle(CandleEmbedder),
-}
-
-impl From<Loaded> for Box<dyn Embedder> {
-    fn from(loaded: Loaded) -> Self {
-        match loaded {
-            Loaded::Ort(e) => Box::new(e),
-            Loaded::Candle(e) => Box::new(e),
-        }
     }
 }

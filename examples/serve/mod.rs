@@ -31,8 +31,7 @@ use axum::routing::{get, post};
 use axum::serve::ListenerExt;
 use base64::Engine as _;
 use ruri::{
-    Backend, Embeddings, Encoding, Error, Pipeline, Prompts, Task, Tokenizer, Truncation,
-    Whitespace,
+    Embeddings, Encoding, Error, Prompts, Task, TextEmbedder, Tokenizer, Truncation, Whitespace,
 };
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
@@ -60,18 +59,18 @@ pub trait Engine: Send + Sync {
     fn embed_raw(&self, encodings: &[Encoding]) -> ruri::Result<Embeddings>;
 }
 
-impl<B: Backend> Engine for Pipeline<B> {
+impl Engine for TextEmbedder {
     fn tokenizer(&self) -> &Tokenizer {
-        Pipeline::tokenizer(self)
+        TextEmbedder::tokenizer(self)
     }
     fn prompts(&self) -> &Prompts {
-        Pipeline::prompts(self)
+        TextEmbedder::prompts(self)
     }
     fn dim(&self) -> usize {
-        self.backend().dim()
+        TextEmbedder::dim(self)
     }
     fn whitespace(&self) -> Whitespace {
-        Pipeline::whitespace(self)
+        TextEmbedder::whitespace(self)
     }
     fn raw_available(&self) -> bool {
         !self.backend().output_is_normalized()

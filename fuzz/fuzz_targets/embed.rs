@@ -6,20 +6,20 @@
 
 #![no_main]
 
+use ruri_core::TextEmbedder;
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use ruri_core::{BatchOptions, EmbedOptions, Embedder, Error, Truncation};
 use ruri_fuzz::{Request, tiny_model_dir};
-use ruri_ort::OrtEmbedder;
 
 /// fp32 batch against alone: float summation order only (≈3e-7 seen in the property tests).
 const BATCH_VS_ALONE: f32 = 1e-5;
 
-fn embedder() -> &'static OrtEmbedder {
-    static EMBEDDER: OnceLock<OrtEmbedder> = OnceLock::new();
+fn embedder() -> &'static TextEmbedder {
+    static EMBEDDER: OnceLock<TextEmbedder> = OnceLock::new();
     EMBEDDER.get_or_init(|| {
-        OrtEmbedder::builder()
+        ruri_ort::builder()
             .sessions(2)
             .intra_threads(1)
             // Small batches: a few texts already make several, some run in parallel, and a
@@ -39,7 +39,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let embedder = embedder();
-    let tokenizer = embedder.pipeline().tokenizer();
+    let tokenizer = embedder.tokenizer();
     let texts = request.text_refs();
     let encodings: Vec<_> = texts
         .iter()

@@ -16,8 +16,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use ruri_candle::{CandleEmbedder, DType, Device, LocalAttention};
-use ruri_core::{BatchOptions, EmbedOptions, Embedder, Task, Truncation};
+use ruri_candle::{DType, Device, LocalAttention};
+use ruri_core::{BatchOptions, EmbedOptions, Task, TextEmbedder, Truncation};
 
 /// Ordinary Japanese prose, repeated and cut to the wanted token count.
 const PROSE: &str = "瑠璃は古くから珍重されてきた青い宝石で、その深い色は夜空にたとえられる。\
@@ -45,12 +45,11 @@ fn model_dir() -> Option<PathBuf> {
 }
 
 /// The longest prefix of the repeated prose with at most `tokens` tokens (specials included).
-fn text_of(embedder: &CandleEmbedder, tokens: usize) -> String {
+fn text_of(embedder: &TextEmbedder, tokens: usize) -> String {
     let chars: Vec<char> = PROSE.chars().cycle().take(tokens * 4 + 64).collect();
     let count = |n: usize| {
         let text: String = chars[..n].iter().collect();
         embedder
-            .pipeline()
             .tokenizer()
             .encode("", &text, Truncation::Error)
             .map(|e| e.len())
@@ -79,8 +78,8 @@ fn device() -> Device {
     }
 }
 
-fn build(dir: &PathBuf, dtype: DType, local: LocalAttention) -> CandleEmbedder {
-    CandleEmbedder::builder()
+fn build(dir: &PathBuf, dtype: DType, local: LocalAttention) -> TextEmbedder {
+    ruri_candle::builder()
         .device(device())
         .dtype(dtype)
         .local_attention(local)
@@ -92,7 +91,7 @@ fn build(dir: &PathBuf, dtype: DType, local: LocalAttention) -> CandleEmbedder {
 fn bench_case(
     c: &mut Criterion,
     group: &str,
-    embedder: &CandleEmbedder,
+    embedder: &TextEmbedder,
     tokens: usize,
     texts: usize,
 ) {

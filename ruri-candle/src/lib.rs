@@ -2,18 +2,21 @@
 //! encoder written for this crate, on CPU (f32, bf16, f16) and, with the `cuda` feature, on
 //! NVIDIA GPUs.
 //!
-//! [`CandleEmbedder`] implements [`ruri_core::Embedder`]: the shared pipeline of `ruri-core`
-//! (prompts, truncation, length-sorted token-budget batches, normalization) around a
-//! [`CandleBackend`], which runs the model on one padded batch and returns mean-pooled vectors.
+//! [`builder()`] makes a [`ruri_core::TextEmbedder`]: the shared pipeline of `ruri-core`
+//! (prompts, whitespace and truncation policies, length-sorted token-budget batches,
+//! normalization) around a [`CandleBackend`], which runs the model on one padded batch and
+//! returns mean-pooled vectors. It reads `model.safetensors`, so the official cl-nagoya folders
+//! (which ship no ONNX file) run as they are.
 //!
-//! ```no_run
-//! use ruri_candle::{CandleEmbedder, DType, Device};
-//! use ruri_core::Embedder;
+//! ```
+//! use ruri_candle::{DType, Device};
 //!
-//! let embedder = CandleEmbedder::builder()
+//! # let folder = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/tiny");
+//! // `folder`: a Ruri v3 sentence-transformers folder (here the repository's tiny test model).
+//! let embedder = ruri_candle::builder()
 //!     .device(Device::Cpu)
 //!     .dtype(DType::F32)
-//!     .build_from_dir("testdata/tiny")?;
+//!     .build_from_dir(folder)?;
 //! let query = embedder.embed_query("瑠璃色はどんな色？")?;
 //! assert_eq!(query.len(), embedder.dim());
 //! # Ok::<(), ruri_core::Error>(())
@@ -64,24 +67,35 @@
 //! has one thread per logical core unless `RAYON_NUM_THREADS` says otherwise (candle reads the
 //! same variable). Batches of one call run one after the other, each using all threads.
 //!
+//! # Batching
+//!
+//! Unless [`CandleBuilder::batching`] says otherwise, the device advises the batch
+//! limits ([`Device::advised_batching`]): the pipeline's CPU defaults on [`Device::Cpu`],
+//! and on [`Device::Cuda`] a padded-token budget of [`GPU_MAX_BATCH_TOKENS`] that the text
+//! count does not cap ([`gpu_batching`]). Padding never changes a vector on either device
+//! (the parity tests run the same batches on CPU and GPU, with the same tolerances).
+//!
 //! # Features
 //!
 //! * `cuda`: enables [`Device::Cuda`] through candle's CUDA backend; needs `nvcc` and the
 //!   CUDA headers and libraries at build time (see `tools/cuda/README.md`). Without it,
-//!   [`Device::Cuda`] still exists and [`CandleEmbedderBuilder::build_from_dir`] returns
+//!   [`Device::Cuda`] still exists and [`CandleBuilder::build_from_dir`] returns
 //!   [`ruri_core::Error::InvalidOption`].
 
 #![deny(missing_docs)]
 
 mod attention;
+mod batching;
 mod model;
+
+pub use batching::{GPU_MAX_BATCH_TOKENS, gpu_batching};
 
 use std::path::{Path, PathBuf};
 
 use ndarray::Array2;
 use ruri_core::{
-    Backend, BackendOutput, BatchOptions, EmbedOptions, Embedder, Embeddings, Error, ModelDir,
-    PaddedBatch, Pipeline, Result, Whitespace,
+    Backend, BackendOutput, BatchOptions, Error, ModelDir, PaddedBatch, Result, TextEmbedder,
+    Whitespace,
 };
 
 use model::{ModernBert, candle_error};
@@ -142,19 +156,25 @@ pub enum LocalAttention {
     Dense,
 }
 
-/// Builds a [`CandleEmbedder`]. Setters never fail; everything is checked in
-/// [`build_from_dir`](CandleEmbedderBuilder::build_from_dir).
+/// Starts a builder of a [`TextEmbedder`] on candle (`ruri::candle::builder()` in the facade).
+pub fn builder() -> CandleBuilder {
+    CandleBuilder::default()
+}
+
+/// Builds a [`TextEmbedder`] on candle. Setters never fail; everything is checked in
+/// [`build_from_dir`](CandleBuilder::build_from_dir).
 #[derive(Debug, Clone, Default)]
 #[must_use]
-pub struct CandleEmbedderBuilder {
+pub struct CandleBuilder {
     device: Device,
     dtype: DType,
     local_attention: LocalAttention,
-    batching: BatchOptions,
+    /// `None`: the device's [`Device::advised_batching`].
+    batching: Option<BatchOptions>,
     whitespace: Whitespace,
 }
 
-impl CandleEmbedderBuilder {
+impl CandleBuilder {
     /// Where to run (default [`Device::Cpu`]).
     pub fn device(mut self, device: Device) -> Self {
         self.device = device;
@@ -173,9 +193,10 @@ impl CandleEmbedderBuilder {
         self
     }
 
-    /// Batch limits of the pipeline (padded-token budget, texts per batch).
+    /// Batch limits of the pipeline (padded-token budget, texts per batch); default: the
+    /// device's [`Device::advised_batching`].
     pub fn batching(mut self, batching: BatchOptions) -> Self {
-        self.batching = batching;
+        self.batching = Some(batching);
         self
     }
 
@@ -188,13 +209,14 @@ impl CandleEmbedderBuilder {
     }
 
     /// Opens the model folder, maps `model.safetensors` and loads the weights on the device.
-    pub fn build_from_dir(self, dir: impl AsRef<Path>) -> Result<CandleEmbedder> {
+    pub fn build_from_dir(self, dir: impl AsRef<Path>) -> Result<TextEmbedder> {
         let dir = ModelDir::open(dir)?;
-        let pipeline = Pipeline::load(&dir, self.batching, || {
+        // `None`: the backend advises (Backend::advised_batching, the device's).
+        let embedder = TextEmbedder::load(&dir, self.batching, || {
             CandleBackend::load(&dir, self.device, self.dtype, self.local_attention)
         })?
         .with_whitespace(self.whitespace);
-        Ok(CandleEmbedder { pipeline })
+        Ok(embedder)
     }
 }
 
@@ -292,6 +314,11 @@ impl Backend for CandleBackend {
         self.model.hidden_size()
     }
 
+    /// The device's advice ([`Device::advised_batching`]).
+    fn advised_batching(&self) -> BatchOptions {
+        self.device.advised_batching()
+    }
+
     fn forward(&self, batch: &PaddedBatch) -> Result<BackendOutput> {
         let (rows, seq) = (batch.batch_size(), batch.seq_len());
         let vocab = self.model.vocab_size();
@@ -334,33 +361,5 @@ impl Backend for CandleBackend {
                 reason: format!("pooled output of unexpected size: {e}"),
             })?;
         Ok(BackendOutput::Pooled(pooled))
-    }
-}
-
-/// Ruri v3 on candle: the shared `ruri-core` pipeline around a [`CandleBackend`].
-#[derive(Debug)]
-pub struct CandleEmbedder {
-    pipeline: Pipeline<CandleBackend>,
-}
-
-impl CandleEmbedder {
-    /// Starts a builder.
-    pub fn builder() -> CandleEmbedderBuilder {
-        CandleEmbedderBuilder::default()
-    }
-
-    /// The pipeline (tokenizer, prompts, batching, backend).
-    pub fn pipeline(&self) -> &Pipeline<CandleBackend> {
-        &self.pipeline
-    }
-}
-
-impl Embedder for CandleEmbedder {
-    fn dim(&self) -> usize {
-        self.pipeline.dim()
-    }
-
-    fn embed_with(&self, texts: &[&str], options: &EmbedOptions) -> Result<Embeddings> {
-        self.pipeline.embed_with(texts, options)
     }
 }

@@ -1,11 +1,12 @@
 //! Loading: `model.`-prefixed checkpoints, and typed errors for broken folders and options.
 
+use ruri_core::TextEmbedder;
 use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::Tensor;
-use ruri_candle::{CandleEmbedder, DType, Device};
-use ruri_core::{Embedder, Error};
+use ruri_candle::{DType, Device};
+use ruri_core::Error;
 use ruri_testkit::{copy_model, tiny_model_dir};
 
 /// A copy of the tiny model whose `model.safetensors` is `edit` applied to the original tensors.
@@ -22,8 +23,8 @@ fn edited_copy(edit: impl FnOnce(&mut HashMap<String, Tensor>)) -> tempfile::Tem
     dir
 }
 
-fn build(dir: &Path) -> ruri_core::Result<CandleEmbedder> {
-    CandleEmbedder::builder().build_from_dir(dir)
+fn build(dir: &Path) -> ruri_core::Result<TextEmbedder> {
+    ruri_candle::builder().build_from_dir(dir)
 }
 
 const TEXTS: [&str; 3] = ["瑠璃色はどんな色？", "検索文書: 今日は晴れです。", ""];
@@ -38,8 +39,18 @@ fn model_prefix_loads_identically() {
     });
     let plain = build(&tiny_model_dir()).unwrap();
     let with_prefix = build(prefixed.path()).unwrap();
-    assert!(!plain.pipeline().backend().weights_prefixed());
-    assert!(with_prefix.pipeline().backend().weights_prefixed());
+    assert!(
+        !plain
+            .backend_as::<ruri_candle::CandleBackend>()
+            .unwrap()
+            .weights_prefixed()
+    );
+    assert!(
+        with_prefix
+            .backend_as::<ruri_candle::CandleBackend>()
+            .unwrap()
+            .weights_prefixed()
+    );
     let a = plain.embed_documents(&TEXTS).unwrap();
     let b = with_prefix.embed_documents(&TEXTS).unwrap();
     assert_eq!(a.as_slice(), b.as_slice(), "same weights, same vectors");
@@ -98,7 +109,7 @@ fn not_modernbert_is_invalid_config() {
 
 #[test]
 fn bad_batching_is_invalid_option() {
-    let result = CandleEmbedder::builder()
+    let result = ruri_candle::builder()
         .batching(ruri_core::BatchOptions::default().max_batch_tokens(0))
         .build_from_dir(tiny_model_dir());
     assert!(matches!(
@@ -113,7 +124,7 @@ fn bad_batching_is_invalid_option() {
 #[cfg(not(feature = "cuda"))]
 #[test]
 fn cuda_without_feature_is_invalid_option() {
-    let result = CandleEmbedder::builder()
+    let result = ruri_candle::builder()
         .device(Device::Cuda(0))
         .dtype(DType::BF16)
         .build_from_dir(tiny_model_dir());
@@ -134,7 +145,7 @@ fn cuda_without_feature_is_invalid_option() {
 #[test]
 fn embedder_is_send_sync_and_concurrent() {
     fn assert_send_sync<T: Send + Sync>() {}
-    assert_send_sync::<CandleEmbedder>();
+    assert_send_sync::<TextEmbedder>();
     let embedder = build(&tiny_model_dir()).unwrap();
     let alone = embedder.embed_documents(&TEXTS).unwrap();
     std::thread::scope(|s| {

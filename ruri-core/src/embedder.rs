@@ -118,22 +118,47 @@ pub struct Embeddings {
 }
 
 impl Embeddings {
-    /// Assembles a result; `data.len()` must be `tokens.len() × dim`.
-    pub(crate) fn new(
+    /// Assembles a result from its parts (a stand-in [`Embedder`] in tests builds its answers
+    /// this way): `data` is `len × dim` row-major, with one token count and one truncation
+    /// flag per vector. Inconsistent parts are [`Error::InvalidOption`](crate::Error).
+    pub fn from_parts(
         data: Vec<f32>,
         dim: usize,
         tokens: Vec<usize>,
         truncated: Vec<bool>,
-    ) -> Self {
-        debug_assert!(dim > 0);
-        debug_assert_eq!(data.len(), tokens.len() * dim);
-        debug_assert_eq!(tokens.len(), truncated.len());
-        Self {
+    ) -> Result<Self> {
+        let invalid = |name, value: usize, reason| crate::Error::InvalidOption {
+            name,
+            value: value.to_string(),
+            reason,
+        };
+        if dim == 0 {
+            return Err(invalid(
+                "dim",
+                0,
+                "vectors must have at least one dimension",
+            ));
+        }
+        if truncated.len() != tokens.len() {
+            return Err(invalid(
+                "truncated",
+                truncated.len(),
+                "one truncation flag per vector is needed",
+            ));
+        }
+        if data.len() != tokens.len() * dim {
+            return Err(invalid(
+                "data",
+                data.len(),
+                "data must hold tokens.len() × dim values",
+            ));
+        }
+        Ok(Self {
             data,
             dim,
             tokens,
             truncated,
-        }
+        })
     }
 
     /// Number of vectors.
@@ -251,6 +276,8 @@ pub trait Embedder: Send + Sync {
     }
 }
 
+/// Every method is forwarded, the provided ones included, so a `&T`, `Box<T>` or `Arc<T>`
+/// behaves exactly like `T` even where `T` overrides a provided method.
 macro_rules! forward_embedder {
     ($($ty:ty),*) => {$(
         impl<T: Embedder + ?Sized> Embedder for $ty {
@@ -259,6 +286,18 @@ macro_rules! forward_embedder {
             }
             fn embed_with(&self, texts: &[&str], options: &EmbedOptions) -> Result<Embeddings> {
                 (**self).embed_with(texts, options)
+            }
+            fn embed(&self, texts: &[&str], task: Task) -> Result<Embeddings> {
+                (**self).embed(texts, task)
+            }
+            fn embed_query(&self, query: &str) -> Result<Vec<f32>> {
+                (**self).embed_query(query)
+            }
+            fn embed_queries(&self, queries: &[&str]) -> Result<Embeddings> {
+                (**self).embed_queries(queries)
+            }
+            fn embed_documents(&self, documents: &[&str]) -> Result<Embeddings> {
+                (**self).embed_documents(documents)
             }
         }
     )*};

@@ -53,15 +53,15 @@ mod error;
 mod model_dir;
 mod pipeline;
 mod similarity;
+mod text_embedder;
 
 pub use config::{AttentionKind, ModelConfig, Pooling};
 pub use embedder::{EmbedOptions, Embedder, Embeddings, Task};
 pub use error::{Error, Result};
 pub use model_dir::{Layout, ModelDir, Prompts, prompts};
-pub use pipeline::{
-    Backend, BackendOutput, BatchOptions, Pipeline, l2_normalize, mean_pool, plan_batches,
-};
+pub use pipeline::{Backend, BackendOutput, BatchOptions, l2_normalize, mean_pool, plan_batches};
 pub use similarity::{cosine, dot, top_k};
+pub use text_embedder::TextEmbedder;
 
 pub use ruri_tokenize::{
     self as tokenize, Encoding, PaddedBatch, Tokenizer, Truncation, Whitespace,

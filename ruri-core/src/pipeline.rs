@@ -1,15 +1,13 @@
-//! The one pipeline every backend shares: tokenize → sort by length → pack batches under a
-//! token budget → backend → mean pooling → L2 normalization → input order.
+//! The pieces of the one pipeline every backend shares (the pipeline itself is
+//! [`TextEmbedder`](crate::TextEmbedder)): the [`Backend`] contract, batch limits and planning,
+//! mean pooling and L2 normalization.
 
-use std::cmp::Reverse;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use ndarray::{Array2, Array3, ArrayView2};
-use ruri_tokenize::{Encoding, PaddedBatch, Tokenizer, Whitespace};
+use ruri_tokenize::PaddedBatch;
 
-use crate::model_dir::{ModelDir, Prompts};
-use crate::{EmbedOptions, Embedder, Embeddings, Error, Result};
+use crate::{Error, Result};
 
 /// What a backend returns for a padded batch.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,8 +20,11 @@ pub enum BackendOutput {
 }
 
 /// An inference engine: turns a padded batch of token ids into vectors. Everything around
-/// it (tokenizing, batching, pooling, normalizing, ordering) is the [`Pipeline`]'s.
-pub trait Backend: Send + Sync {
+/// it (tokenizing, batching, pooling, normalizing, ordering) is the [`TextEmbedder`](crate::TextEmbedder)'s.
+///
+/// Backends are `'static` (`Any`), so a [`TextEmbedder`](crate::TextEmbedder) can hand its backend back as the
+/// concrete type ([`TextEmbedder::backend_as`](crate::TextEmbedder::backend_as)).
+pub trait Backend: Send + Sync + std::any::Any {
     /// Width of the vectors (the model's hidden size).
     fn dim(&self) -> usize;
 
@@ -44,6 +45,13 @@ pub trait Backend: Send + Sync {
     fn output_is_normalized(&self) -> bool {
         false
     }
+
+    /// The batch limits this backend runs best with, used when the caller sets none: a CPU
+    /// backend wants small batches that stay in cache ([`BatchOptions::default`]), a GPU one
+    /// large batches that fill it.
+    fn advised_batching(&self) -> BatchOptions {
+        BatchOptions::default()
+    }
 }
 
 impl<T: Backend + ?Sized> Backend for Box<T> {
@@ -58,6 +66,9 @@ impl<T: Backend + ?Sized> Backend for Box<T> {
     }
     fn output_is_normalized(&self) -> bool {
         (**self).output_is_normalized()
+    }
+    fn advised_batching(&self) -> BatchOptions {
+        (**self).advised_batching()
     }
 }
 
@@ -125,7 +136,7 @@ impl BatchOptions {
         self.max_batch_size
     }
 
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         if self.max_batch_tokens == 0 {
             return Err(Error::InvalidOption {
                 name: "max_batch_tokens",
@@ -200,271 +211,12 @@ pub fn l2_normalize(v: &mut [f32]) {
     }
 }
 
-/// The shared pipeline around a [`Backend`]: it is the [`Embedder`] every backend crate
-/// wraps.
-#[derive(Debug)]
-pub struct Pipeline<B> {
-    tokenizer: Tokenizer,
-    prompts: Prompts,
-    backend: B,
-    batching: BatchOptions,
-    whitespace: Whitespace,
-}
-
-impl<B: Backend> Pipeline<B> {
-    /// Assembles a pipeline from its parts.
-    pub fn new(
-        tokenizer: Tokenizer,
-        prompts: Prompts,
-        backend: B,
-        batching: BatchOptions,
-    ) -> Result<Self> {
-        batching.validate()?;
-        if backend.dim() == 0 {
-            return Err(Error::ModelOutput {
-                reason: "the backend reports zero-width vectors".into(),
-            });
-        }
-        Ok(Self {
-            tokenizer,
-            prompts,
-            backend,
-            batching,
-            whitespace: Whitespace::default(),
-        })
-    }
-
-    /// This pipeline with another default whitespace policy (calls may still override it
-    /// with [`EmbedOptions::whitespace`]).
-    pub fn with_whitespace(mut self, whitespace: Whitespace) -> Self {
-        self.whitespace = whitespace;
-        self
-    }
-
-    /// The default whitespace policy.
-    pub fn whitespace(&self) -> Whitespace {
-        self.whitespace
-    }
-
-    /// A pipeline with the tokenizer and prompts of `dir`.
-    pub fn from_model_dir(dir: &ModelDir, backend: B, batching: BatchOptions) -> Result<Self> {
-        Self::load(dir, batching, move || Ok(backend))
-    }
-
-    /// Loads the tokenizer of `dir` on a second thread while `build_backend` runs on this
-    /// one, then assembles the pipeline: a cold start costs the longer of the two instead of
-    /// their sum (Ruri's 102,400-piece tokenizer ≈ 40 ms, an int8 ONNX Runtime session of
-    /// the 30m shape ≈ 250 ms).
-    pub fn load(
-        dir: &ModelDir,
-        batching: BatchOptions,
-        build_backend: impl FnOnce() -> Result<B>,
-    ) -> Result<Self> {
-        let (tokenizer, backend) = std::thread::scope(|scope| {
-            let tokenizer = scope.spawn(|| dir.tokenizer());
-            let backend = build_backend();
-            let tokenizer = tokenizer
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            (tokenizer, backend)
-        });
-        let (backend, tokenizer) = (backend?, tokenizer?);
-        if backend.dim() != dir.config().hidden_size {
-            return Err(Error::InvalidConfig {
-                path: dir.path().join("config.json"),
-                reason: format!(
-                    "hidden_size {} but the model's vectors have {} dimensions",
-                    dir.config().hidden_size,
-                    backend.dim()
-                ),
-            });
-        }
-        Self::new(tokenizer, dir.prompts().clone(), backend, batching)
-    }
-
-    /// The tokenizer.
-    pub fn tokenizer(&self) -> &Tokenizer {
-        &self.tokenizer
-    }
-
-    /// The backend.
-    pub fn backend(&self) -> &B {
-        &self.backend
-    }
-
-    /// The named prompts.
-    pub fn prompts(&self) -> &Prompts {
-        &self.prompts
-    }
-
-    /// The batching limits.
-    pub fn batching(&self) -> BatchOptions {
-        self.batching
-    }
-
-    /// Runs already-tokenized texts: sort, batch, infer, pool, normalize, restore order.
-    pub fn embed_encodings(&self, encodings: &[Encoding], normalize: bool) -> Result<Embeddings> {
-        if !normalize && self.backend.output_is_normalized() {
-            return Err(Error::InvalidOption {
-                name: "normalize",
-                value: "false".into(),
-                reason: "the model's only output is already L2-normalized (normalization is \
-                         baked into the ONNX file), so raw mean-pooled vectors cannot be had; \
-                         use an ONNX file with a token_embeddings output for raw vectors",
-            });
-        }
-        let dim = self.backend.dim();
-        let n = encodings.len();
-        let mut order: Vec<usize> = (0..n).collect();
-        // Longest first (stable; sentence-transformers sorts too, by characters): similar
-        // lengths share a batch, so little padding; the largest batch comes first, so memory
-        // peaks early.
-        order.sort_by_key(|&i| Reverse(encodings[i].len()));
-        let sorted_lengths: Vec<usize> = order.iter().map(|&i| encodings[i].len()).collect();
-
-        let plan = plan_batches(&sorted_lengths, &self.batching);
-        let members = |k: usize| &order[plan[k].clone()];
-        let mut data = vec![0.0f32; n * dim];
-        let mut scatter = |k: usize, rows: &[f32]| {
-            for (row, &i) in rows.chunks_exact(dim).zip(members(k)) {
-                data[i * dim..(i + 1) * dim].copy_from_slice(row);
-            }
-        };
-        let workers = self.backend.parallelism().clamp(1, plan.len().max(1));
-        if workers == 1 {
-            let mut batch = PaddedBatch::default();
-            for k in 0..plan.len() {
-                let rows = self.run_batch(members(k), encodings, &mut batch)?;
-                scatter(k, &rows);
-            }
-        } else {
-            // Workers take the next batch until none is left or one fails; the error of the
-            // earliest failing batch is reported (the rest of the call is abandoned).
-            let next = AtomicUsize::new(0);
-            let failed = AtomicBool::new(false);
-            let results: Vec<Vec<(usize, Result<Vec<f32>>)>> = std::thread::scope(|scope| {
-                let handles: Vec<_> = (0..workers)
-                    .map(|_| {
-                        scope.spawn(|| {
-                            let mut batch = PaddedBatch::default();
-                            let mut done = Vec::new();
-                            while !failed.load(Ordering::Relaxed) {
-                                let k = next.fetch_add(1, Ordering::Relaxed);
-                                if k >= plan.len() {
-                                    break;
-                                }
-                                let rows = self.run_batch(members(k), encodings, &mut batch);
-                                if rows.is_err() {
-                                    failed.store(true, Ordering::Relaxed);
-                                }
-                                done.push((k, rows));
-                            }
-                            done
-                        })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                    .collect()
-            });
-            let mut results: Vec<(usize, Result<Vec<f32>>)> =
-                results.into_iter().flatten().collect();
-            results.sort_by_key(|(k, _)| *k);
-            for (k, rows) in results {
-                scatter(k, &rows?);
-            }
-        }
-        if normalize {
-            data.chunks_exact_mut(dim).for_each(l2_normalize);
-        }
-        let tokens = encodings.iter().map(Encoding::len).collect();
-        let truncated = encodings.iter().map(Encoding::truncated).collect();
-        Ok(Embeddings::new(data, dim, tokens, truncated))
-    }
-}
-
-impl<B: Backend> Pipeline<B> {
-    /// Pads the texts `members` (indices into `encodings`) into `batch`, runs the backend and
-    /// returns one pooled, unnormalized row per member, in `members` order.
-    fn run_batch(
-        &self,
-        members: &[usize],
-        encodings: &[Encoding],
-        batch: &mut PaddedBatch,
-    ) -> Result<Vec<f32>> {
-        let dim = self.backend.dim();
-        batch.refill(
-            members.iter().map(|&i| encodings[i].ids()),
-            self.tokenizer.pad_id(),
-        );
-        match self.backend.forward(batch)? {
-            BackendOutput::Pooled(pooled) => {
-                check_shape(pooled.shape(), &[members.len(), dim])?;
-                if !pooled.is_standard_layout() {
-                    return Ok(pooled.iter().copied().collect());
-                }
-                // Row-major already (what backends return): keep its buffer, no copy.
-                let (mut rows, offset) = pooled.into_raw_vec_and_offset();
-                let start = offset.unwrap_or(0);
-                rows.truncate(start + members.len() * dim);
-                rows.drain(..start);
-                Ok(rows)
-            }
-            BackendOutput::TokenEmbeddings(tokens) => {
-                check_shape(tokens.shape(), &[members.len(), batch.seq_len(), dim])?;
-                let mut rows = vec![0.0f32; members.len() * dim];
-                // `max(1)`: a tokenizer without special tokens can give an all-empty batch,
-                // whose rows then stay zero vectors.
-                let masks = batch.attention_mask().chunks_exact(batch.seq_len().max(1));
-                for ((seq, mask), out) in tokens
-                    .outer_iter()
-                    .zip(masks)
-                    .zip(rows.chunks_exact_mut(dim))
-                {
-                    mean_pool(seq, mask, out);
-                }
-                Ok(rows)
-            }
-        }
-    }
-}
-
-fn check_shape(actual: &[usize], expected: &[usize]) -> Result<()> {
-    if actual != expected {
-        return Err(Error::ModelOutput {
-            reason: format!("expected shape {expected:?}, got {actual:?}"),
-        });
-    }
-    Ok(())
-}
-
-impl<B: Backend> Embedder for Pipeline<B> {
-    fn dim(&self) -> usize {
-        self.backend.dim()
-    }
-
-    fn embed_with(&self, texts: &[&str], options: &EmbedOptions) -> Result<Embeddings> {
-        let prompt = self.prompts.resolve(options.get_task())?;
-        let truncation = options.get_truncation();
-        let whitespace = options.get_whitespace().unwrap_or(self.whitespace);
-        let encodings = texts
-            .iter()
-            .enumerate()
-            .map(|(i, text)| {
-                self.tokenizer
-                    .encode_with(i, prompt, text, truncation, whitespace)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        self.embed_encodings(&encodings, options.get_normalize())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use ndarray::array;
     use proptest::prelude::*;
+    use std::cmp::Reverse;
 
     #[test]
     fn plan_respects_budget_and_cap() {

@@ -47,12 +47,13 @@ mod tests {
 
     #[test]
     fn top_k_orders_and_truncates() {
-        let corpus = Embeddings::new(
+        let corpus = Embeddings::from_parts(
             vec![1.0, 0.0, 0.0, 1.0, 0.7, 0.7, -1.0, 0.0],
             2,
             vec![2; 4],
             vec![false; 4],
-        );
+        )
+        .unwrap();
         let hits = top_k(&[1.0, 0.0], &corpus, 2);
         assert_eq!(hits.iter().map(|h| h.0).collect::<Vec<_>>(), vec![0, 2]);
         assert_eq!(top_k(&[1.0, 0.0], &corpus, 10).len(), 4);

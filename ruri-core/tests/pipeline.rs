@@ -6,8 +6,8 @@ use std::sync::Mutex;
 use ndarray::{Array2, Array3};
 use proptest::prelude::*;
 use ruri_core::{
-    Backend, BackendOutput, BatchOptions, EmbedOptions, Embedder, Error, ModelDir, PaddedBatch,
-    Pipeline, Task, Truncation,
+    Backend, BackendOutput, BatchOptions, EmbedOptions, Error, ModelDir, PaddedBatch, Task,
+    TextEmbedder, Truncation,
 };
 use ruri_testkit::tiny_model_dir;
 
@@ -81,7 +81,7 @@ impl Backend for FakeBackend {
     }
 }
 
-fn pipeline(batching: BatchOptions, pooled: bool) -> Pipeline<FakeBackend> {
+fn pipeline(batching: BatchOptions, pooled: bool) -> TextEmbedder {
     with_backend(
         batching,
         FakeBackend {
@@ -91,13 +91,13 @@ fn pipeline(batching: BatchOptions, pooled: bool) -> Pipeline<FakeBackend> {
     )
 }
 
-fn with_backend(batching: BatchOptions, backend: FakeBackend) -> Pipeline<FakeBackend> {
+fn with_backend(batching: BatchOptions, backend: FakeBackend) -> TextEmbedder {
     let dir = ModelDir::open(tiny_model_dir()).unwrap();
-    Pipeline::new(
+    TextEmbedder::new(
         dir.tokenizer().unwrap(),
         dir.prompts().clone(),
         backend,
-        batching,
+        Some(batching),
     )
     .unwrap()
 }
@@ -153,7 +153,13 @@ fn batches_are_length_sorted_and_within_budget() {
     let texts: Vec<String> = (0..20).map(|i| "あ".repeat(i * 3)).collect();
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     p.embed(&refs, Task::None).unwrap();
-    let batches = p.backend().batches.lock().unwrap().clone();
+    let batches = p
+        .backend_as::<FakeBackend>()
+        .unwrap()
+        .batches
+        .lock()
+        .unwrap()
+        .clone();
     assert_eq!(batches.iter().map(|b| b.0).sum::<usize>(), 20);
     let mut previous_len = usize::MAX;
     for (b, s) in batches {
@@ -181,8 +187,26 @@ fn a_parallel_backend_gets_batches_on_several_threads_with_the_same_result() {
     for _ in 0..5 {
         assert_eq!(parallel.embed(&refs, Task::Document).unwrap(), expected);
     }
-    assert_eq!(sequential.backend().threads.lock().unwrap().len(), 1);
-    assert!(parallel.backend().threads.lock().unwrap().len() > 1);
+    assert_eq!(
+        sequential
+            .backend_as::<FakeBackend>()
+            .unwrap()
+            .threads
+            .lock()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert!(
+        parallel
+            .backend_as::<FakeBackend>()
+            .unwrap()
+            .threads
+            .lock()
+            .unwrap()
+            .len()
+            > 1
+    );
 }
 
 /// The pooled rows of [`FakeBackend`], handed over column-major or as a window of a larger
@@ -232,11 +256,11 @@ fn pooled_rows_in_any_memory_layout_give_the_same_vectors() {
             },
             column_major,
         };
-        let p = Pipeline::new(
+        let p = TextEmbedder::new(
             dir.tokenizer().unwrap(),
             dir.prompts().clone(),
             backend,
-            batching,
+            Some(batching),
         )
         .unwrap();
         assert_eq!(
@@ -279,10 +303,17 @@ fn a_failing_batch_fails_the_call_on_every_path() {
 #[test]
 fn empty_request_returns_empty_result_without_inference() {
     let p = pipeline(BatchOptions::default(), false);
-    let e = p.embed(&[], Task::Query).unwrap();
+    let e = p.embed(&[] as &[&str], Task::Query).unwrap();
     assert!(e.is_empty());
     assert_eq!(e.dim(), DIM);
-    assert!(p.backend().batches.lock().unwrap().is_empty());
+    assert!(
+        p.backend_as::<FakeBackend>()
+            .unwrap()
+            .batches
+            .lock()
+            .unwrap()
+            .is_empty()
+    );
 }
 
 #[test]
@@ -319,11 +350,11 @@ fn wrong_backend_shapes_are_errors() {
         }
     }
     let dir = ModelDir::open(tiny_model_dir()).unwrap();
-    let p = Pipeline::new(
+    let p = TextEmbedder::new(
         dir.tokenizer().unwrap(),
         dir.prompts().clone(),
         Bad,
-        BatchOptions::default(),
+        Some(BatchOptions::default()),
     )
     .unwrap();
     assert!(matches!(
@@ -332,7 +363,7 @@ fn wrong_backend_shapes_are_errors() {
     ));
     // A dimension that disagrees with config.json is refused up front.
     assert!(matches!(
-        Pipeline::from_model_dir(&dir, Bad, BatchOptions::default()),
+        TextEmbedder::load(&dir, Some(BatchOptions::default()), || Ok(Bad)),
         Err(Error::InvalidConfig { .. })
     ));
 }
@@ -345,11 +376,11 @@ fn zero_batch_limits_are_refused() {
         BatchOptions::default().max_batch_size(0),
         BatchOptions::default().max_batch_attention(0),
     ] {
-        let r = Pipeline::new(
+        let r = TextEmbedder::new(
             dir.tokenizer().unwrap(),
             dir.prompts().clone(),
             FakeBackend::default(),
-            batching,
+            Some(batching),
         );
         assert!(matches!(r, Err(Error::InvalidOption { .. })));
     }

@@ -1,14 +1,15 @@
-//! Ruri v3 embeddings on ONNX Runtime (CPU), from fp32 or int8 ONNX files.
+//! Ruri v3 embeddings on ONNX Runtime (CPU), from fp32, int8 or fp16 ONNX files.
 //!
-//! [`OrtEmbedder`] implements [`ruri_core::Embedder`]: the shared pipeline of `ruri-core`
-//! (prompts, truncation, length-sorted token-budget batches, pooling, normalization) around an
-//! ONNX Runtime session pool.
+//! [`builder()`] makes a [`ruri_core::TextEmbedder`]: the shared pipeline of `ruri-core`
+//! (prompts, whitespace and truncation policies, length-sorted token-budget batches, pooling,
+//! normalization) around an [`OrtBackend`], a pool of ONNX Runtime sessions.
 //!
-//! ```no_run
-//! use ruri_core::Embedder;
-//! use ruri_ort::{OrtEmbedder, Precision};
+//! ```
+//! use ruri_ort::Precision;
 //!
-//! let embedder = OrtEmbedder::builder().precision(Precision::Int8).build_from_dir("testdata/tiny")?;
+//! # let folder = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/tiny");
+//! // `folder`: a Ruri v3 folder with ONNX files (here the repository's tiny test model).
+//! let embedder = ruri_ort::builder().precision(Precision::Int8).build_from_dir(folder)?;
 //! let query = embedder.embed_query("瑠璃色はどんな色？")?;
 //! assert_eq!(query.len(), embedder.dim());
 //! # Ok::<(), ruri_core::Error>(())
@@ -19,7 +20,7 @@
 //! Either layout works: a sentence-transformers folder with ONNX files, or an ONNX port such as
 //! sirasagi62/ruri-v3-30m-ONNX (`config.json`, `tokenizer.json`, `onnx/model.onnx`,
 //! `onnx/model_quantized.onnx`). [`Precision`] finds its file under every name real ports use,
-//! in a fixed order ([`Precision::candidates`]); [`OrtEmbedderBuilder::onnx_file`] runs a given
+//! in a fixed order ([`Precision::candidates`]); [`OrtBuilder::onnx_file`] runs a given
 //! file instead. A missing precision is [`ruri_core::Error::NoModelFile`], listing the names
 //! tried and the ONNX files the folder has. The official cl-nagoya folders ship no ONNX file.
 //!
@@ -32,7 +33,7 @@
 //!
 //! # The ONNX Runtime library
 //!
-//! Loaded at run time (`ort`'s `load-dynamic`): from [`OrtEmbedderBuilder::runtime_path`],
+//! Loaded at run time (`ort`'s `load-dynamic`): from [`OrtBuilder::runtime_path`],
 //! else `ORT_DYLIB_PATH`, else the folder `tools/fetch-onnxruntime.sh` fills (see
 //! [`default_install_dir`]), else the system library path. A missing or too old library is
 //! [`ruri_core::Error::RuntimeUnavailable`], whose message says how to get one.
@@ -42,7 +43,7 @@
 //! An embedder holds a small pool of sessions (one by default). A call takes a session for
 //! each of its batches in turn, so calls from several threads run concurrently up to the pool
 //! size; set
-//! [`OrtEmbedderBuilder::sessions`] and [`OrtEmbedderBuilder::intra_threads`] so that
+//! [`OrtBuilder::sessions`] and [`OrtBuilder::intra_threads`] so that
 //! `sessions × intra_threads` matches the cores you want used.
 
 #![deny(missing_docs)]
@@ -58,8 +59,8 @@ use ort::session::builder::{GraphOptimizationLevel, PrepackedWeights};
 use ort::session::{HasSelectedOutputs, OutputSelector, RunOptions, Session};
 use ort::value::TensorRef;
 use ruri_core::{
-    Backend, BackendOutput, BatchOptions, EmbedOptions, Embedder, Embeddings, Error, ModelDir,
-    PaddedBatch, Pipeline, Result, Whitespace,
+    Backend, BackendOutput, BatchOptions, Error, ModelDir, PaddedBatch, Result, TextEmbedder,
+    Whitespace,
 };
 
 pub use runtime::{ONNXRUNTIME_VERSION, default_install_dir, loaded_runtime_path};
@@ -136,22 +137,28 @@ impl OptimizationLevel {
     }
 }
 
-/// Builds an [`OrtEmbedder`]. Setters never fail; everything is checked in
-/// [`build_from_dir`](OrtEmbedderBuilder::build_from_dir).
+/// Starts a builder of a [`TextEmbedder`] on ONNX Runtime (`ruri::ort::builder()` in the
+/// facade).
+pub fn builder() -> OrtBuilder {
+    OrtBuilder::default()
+}
+
+/// Builds a [`TextEmbedder`] on ONNX Runtime. Setters never fail; everything is checked in
+/// [`build_from_dir`](OrtBuilder::build_from_dir).
 #[derive(Debug, Clone, Default)]
 #[must_use]
-pub struct OrtEmbedderBuilder {
+pub struct OrtBuilder {
     precision: Precision,
     onnx_file: Option<PathBuf>,
     runtime_path: Option<PathBuf>,
     intra_threads: Option<usize>,
     sessions: Option<usize>,
     optimization: OptimizationLevel,
-    batching: BatchOptions,
+    batching: Option<BatchOptions>,
     whitespace: Whitespace,
 }
 
-impl OrtEmbedderBuilder {
+impl OrtBuilder {
     /// fp32 (default), int8 or fp16: which ONNX file of the folder runs, found under the
     /// names of [`Precision::candidates`]. Ignored when [`onnx_file`](Self::onnx_file) is set.
     pub fn precision(mut self, precision: Precision) -> Self {
@@ -199,9 +206,10 @@ impl OrtEmbedderBuilder {
         self
     }
 
-    /// Batch limits of the pipeline (padded-token budget, texts per batch).
+    /// Batch limits of the pipeline (padded-token budget, texts per batch); default:
+    /// [`BatchOptions::default`], tuned for CPUs.
     pub fn batching(mut self, batching: BatchOptions) -> Self {
-        self.batching = batching;
+        self.batching = Some(batching);
         self
     }
 
@@ -214,7 +222,7 @@ impl OrtEmbedderBuilder {
     }
 
     /// Opens the model folder, loads ONNX Runtime if needed, and builds the sessions.
-    pub fn build_from_dir(self, dir: impl AsRef<Path>) -> Result<OrtEmbedder> {
+    pub fn build_from_dir(self, dir: impl AsRef<Path>) -> Result<TextEmbedder> {
         let dir = ModelDir::open(dir)?;
         let onnx = match &self.onnx_file {
             Some(path) if path.is_absolute() => {
@@ -241,7 +249,7 @@ impl OrtEmbedderBuilder {
                 reason: "leave it unset for ONNX Runtime's default",
             });
         }
-        let pipeline = Pipeline::load(&dir, self.batching, || {
+        let embedder = TextEmbedder::load(&dir, self.batching, || {
             let environment = runtime::environment(self.runtime_path.as_deref())?;
             // Sessions of one pool share their prepacked (reordered) weights.
             let prepacked = (sessions > 1).then(PrepackedWeights::new);
@@ -290,7 +298,7 @@ impl OrtEmbedderBuilder {
             Ok(backend)
         })?
         .with_whitespace(self.whitespace);
-        Ok(OrtEmbedder { pipeline })
+        Ok(embedder)
     }
 
     fn build_session(
@@ -511,7 +519,8 @@ fn extract(
     })
 }
 
-/// The ONNX Runtime [`Backend`]: a pool of sessions over one ONNX file.
+/// The ONNX Runtime [`Backend`]: a pool of sessions over one ONNX file. Reach it from a
+/// [`TextEmbedder`] with `embedder.backend_as::<OrtBackend>()`.
 #[derive(Debug)]
 pub struct OrtBackend {
     pool: Pool<Lane>,
@@ -589,33 +598,5 @@ impl Backend for OrtBackend {
 
     fn output_is_normalized(&self) -> bool {
         self.signature.normalized
-    }
-}
-
-/// Ruri v3 on ONNX Runtime: the shared `ruri-core` pipeline around an [`OrtBackend`].
-#[derive(Debug)]
-pub struct OrtEmbedder {
-    pipeline: Pipeline<OrtBackend>,
-}
-
-impl OrtEmbedder {
-    /// Starts a builder.
-    pub fn builder() -> OrtEmbedderBuilder {
-        OrtEmbedderBuilder::default()
-    }
-
-    /// The pipeline (tokenizer, prompts, batching, backend).
-    pub fn pipeline(&self) -> &Pipeline<OrtBackend> {
-        &self.pipeline
-    }
-}
-
-impl Embedder for OrtEmbedder {
-    fn dim(&self) -> usize {
-        self.pipeline.dim()
-    }
-
-    fn embed_with(&self, texts: &[&str], options: &EmbedOptions) -> Result<Embeddings> {
-        self.pipeline.embed_with(texts, options)
     }
 }

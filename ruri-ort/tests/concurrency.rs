@@ -6,7 +6,6 @@
 use std::sync::Arc;
 
 use ruri_core::{Embedder, Task};
-use ruri_ort::OrtEmbedder;
 use ruri_testkit::{Reference, tiny_model_dir};
 
 #[test]
@@ -15,7 +14,7 @@ fn one_call_spreads_its_batches_over_the_sessions_with_the_same_vectors() {
     let owned: Vec<String> = reference.items.iter().map(|i| i.text.clone()).collect();
     let texts: Vec<&str> = owned.iter().map(String::as_str).collect();
     let build = |sessions: usize| {
-        OrtEmbedder::builder()
+        ruri_ort::builder()
             .sessions(sessions)
             .intra_threads(1)
             .batching(ruri_core::BatchOptions::default().max_batch_size(2))

@@ -4,11 +4,10 @@
 //! The fake libraries are built with `cc` (tools/testkit's `fake_onnxruntime`).
 
 use ruri_core::Error;
-use ruri_ort::OrtEmbedder;
 use ruri_testkit::{FakeOrt, fake_onnxruntime, tiny_model_dir};
 
 fn refusal(library: &std::path::Path) -> String {
-    match OrtEmbedder::builder()
+    match ruri_ort::builder()
         .runtime_path(library)
         .build_from_dir(tiny_model_dir())
     {

@@ -4,7 +4,6 @@
 //! process, so this must not share a process with other runtime tests.
 
 use ruri_core::Error;
-use ruri_ort::OrtEmbedder;
 use ruri_testkit::{FakeOrt, fake_onnxruntime, tiny_model_dir};
 
 /// `RuntimeUnavailable`, as for any unusable library. ort itself asserts on both
@@ -17,7 +16,7 @@ fn a_library_without_an_api_is_refused_not_a_panic() {
     for fake in [FakeOrt::NullApiBase, FakeOrt::Version("1.31.1")] {
         let library = fake_onnxruntime(dir.path(), fake);
         let result = std::panic::catch_unwind(|| {
-            OrtEmbedder::builder()
+            ruri_ort::builder()
                 .runtime_path(&library)
                 .build_from_dir(tiny_model_dir())
         });

@@ -1,8 +1,8 @@
 //! Model folders in both layouts, and broken ones: each problem is a typed error, never a
 //! panic.
 
-use ruri_core::{Embedder, Error, Layout, ModelDir, Task};
-use ruri_ort::{OrtEmbedder, Precision};
+use ruri_core::{Error, Layout, ModelDir, Task, TextEmbedder};
+use ruri_ort::Precision;
 use ruri_testkit::{Agreement, Reference, copy_model, edit_file, tiny_model_dir};
 
 fn copy_tiny(keep: &dyn Fn(&str) -> bool) -> tempfile::TempDir {
@@ -11,8 +11,8 @@ fn copy_tiny(keep: &dyn Fn(&str) -> bool) -> tempfile::TempDir {
     dir
 }
 
-fn build(dir: &std::path::Path) -> Result<OrtEmbedder, Error> {
-    OrtEmbedder::builder().build_from_dir(dir)
+fn build(dir: &std::path::Path) -> Result<TextEmbedder, Error> {
+    ruri_ort::builder().build_from_dir(dir)
 }
 
 #[test]
@@ -30,7 +30,7 @@ fn onnx_port_layout_loads_and_matches_python() {
     );
     let embedder = build(dir.path()).unwrap();
     // Without sentence_bert_config.json the limit is tokenizer_config's model_max_length.
-    assert_eq!(embedder.pipeline().tokenizer().max_length(), 8192);
+    assert_eq!(embedder.tokenizer().max_length(), 8192);
     let reference = Reference::tiny();
     let mut agreement = Agreement::new();
     for item in reference.items.iter().filter(|i| !i.truncated) {
@@ -58,11 +58,11 @@ fn sentence_transformers_layout_is_detected() {
 
 #[test]
 fn explicit_onnx_file_equals_the_precision_default() {
-    let by_precision = OrtEmbedder::builder()
+    let by_precision = ruri_ort::builder()
         .precision(Precision::Int8)
         .build_from_dir(tiny_model_dir())
         .unwrap();
-    let by_file = OrtEmbedder::builder()
+    let by_file = ruri_ort::builder()
         .onnx_file("onnx/model_quantized.onnx")
         .build_from_dir(tiny_model_dir())
         .unwrap();
@@ -72,7 +72,10 @@ fn explicit_onnx_file_equals_the_precision_default() {
         by_file.embed(&texts, Task::Query).unwrap()
     );
     assert_eq!(
-        by_file.pipeline().backend().onnx_file(),
+        by_file
+            .backend_as::<ruri_ort::OrtBackend>()
+            .unwrap()
+            .onnx_file(),
         tiny_model_dir().join("onnx/model_quantized.onnx")
     );
 }
@@ -94,7 +97,7 @@ fn missing_folder_and_files() {
     assert!(matches!(build(no_onnx.path()),
         Err(Error::NoModelFile { looked_for, found, .. })
             if looked_for[0] == "onnx/model.onnx" && found.is_empty()));
-    let int8 = OrtEmbedder::builder()
+    let int8 = ruri_ort::builder()
         .precision(Precision::Int8)
         .build_from_dir(no_onnx.path());
     assert!(matches!(int8,
@@ -175,7 +178,7 @@ fn config_that_disagrees_with_the_files() {
 
 #[test]
 fn invalid_builder_options() {
-    let zero_sessions = OrtEmbedder::builder()
+    let zero_sessions = ruri_ort::builder()
         .sessions(0)
         .build_from_dir(tiny_model_dir());
     assert!(matches!(
@@ -185,7 +188,7 @@ fn invalid_builder_options() {
             ..
         })
     ));
-    let zero_threads = OrtEmbedder::builder()
+    let zero_threads = ruri_ort::builder()
         .intra_threads(0)
         .build_from_dir(tiny_model_dir());
     assert!(matches!(
