@@ -5,8 +5,9 @@
 #
 # Environment:
 #   RURI_PYTHON=/path/to/python   use this interpreter instead of <repo>/.venv-testdata
-#   RURI_TESTDATA_OUT=dir         write tiny/ and reference/tiny.json under dir instead of
-#                                 testdata/ (used to check that generation is reproducible)
+#   RURI_TESTDATA_OUT=dir         write tiny/, onnx_variants/ and reference/tiny*.json under dir
+#                                 instead of testdata/ (used to check that generation is
+#                                 reproducible)
 set -euo pipefail
 
 target="${1:-tiny}"
@@ -44,23 +45,36 @@ if [[ ! -s "$corpus" ]]; then
   echo "corpus built in $((SECONDS - start)) s"
 fi
 
-# build NAME SHAPE VOCAB MODEL_DIR REFERENCE_JSON MODEL_DIR_LABEL
+# build NAME SHAPE VOCAB MODEL_DIR REFERENCE_JSON MODEL_DIR_LABEL [VARIANTS_DIR]
 build() {
-  local name="$1" shape="$2" vocab="$3" dir="$4" ref="$5" label="$6" start=$SECONDS
+  local name="$1" shape="$2" vocab="$3" dir="$4" ref="$5" label="$6" variants="${7:-}"
+  local start=$SECONDS
+  local -a variant_args=()
   echo "== $name: $dir"
   rm -rf "$dir"
   mkdir -p "$dir"
   "$PY" "$here/train_tokenizer.py" --corpus "$corpus" --work-dir "$GEN/tokenizer-$name" \
-    --out-dir "$dir" --vocab-size "$vocab" --seed "$SEED"
-  "$PY" "$here/build_model.py" --shape "$shape" --out-dir "$dir" --seed "$SEED"
+    --out-dir "$dir" --vocab-size "$vocab" --seed "$SEED" \
+    --inputs testdata/inputs.json testdata/hostile_inputs.json
+  if [[ -n "$variants" ]]; then
+    rm -rf "$variants"
+    variant_args=(--variants-dir "$variants")
+  fi
+  "$PY" "$here/build_model.py" --shape "$shape" --out-dir "$dir" --seed "$SEED" \
+    --inputs testdata/inputs.json "${variant_args[@]}"
+  if [[ -n "$variants" ]]; then
+    variant_args=(--onnx-variants "$variants")
+  fi
   "$PY" "$here/make_references.py" --model-dir "$dir" --model-dir-label "$label" \
     --inputs testdata/inputs.json --out "$ref" --seed "$SEED" \
-    --command "tools/testdata/generate.sh $name"
+    --command "tools/testdata/generate.sh $name" "${variant_args[@]}"
   echo "== $name done in $((SECONDS - start)) s"
 }
 
 if [[ "$target" == tiny || "$target" == all ]]; then
-  build tiny tiny 8000 "$OUT_ROOT/tiny" "$OUT_ROOT/reference/tiny.json" testdata/tiny
+  # tiny also gets testdata/onnx_variants/ (tiny_fp16.onnx, tiny_normalized_opset14.onnx).
+  build tiny tiny 8000 "$OUT_ROOT/tiny" "$OUT_ROOT/reference/tiny.json" testdata/tiny \
+    "$OUT_ROOT/onnx_variants"
   # The hostile inputs (NUL bytes, controls, lone combining marks, …): docs/hostile-inputs.md.
   "$PY" "$here/make_references.py" --model-dir "$OUT_ROOT/tiny" --model-dir-label testdata/tiny \
     --inputs testdata/hostile_inputs.json --out "$OUT_ROOT/reference/tiny_hostile.json" \

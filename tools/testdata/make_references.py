@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Reference embeddings for testdata/inputs.json from sentence-transformers (torch, fp32)
-and onnxruntime (fp32 and int8 ONNX files), plus the agreement figures between them.
+and onnxruntime (fp32 and int8 ONNX files; with --onnx-variants also the float16 variant),
+plus the agreement figures between them, each also without the outlier channel.
 
 The format is described in testdata/README.md. Every vector is float32; each value is
 written as the exact decimal of the float32 (via float(np.float32)), so it round-trips.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from importlib.metadata import version
 from pathlib import Path
 
@@ -18,6 +20,9 @@ import onnxruntime as ort
 import torch
 from sentence_transformers import SentenceTransformer
 from tokenizers import Tokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from build_model import outlier_channel  # noqa: E402  (one definition of the channel)
 
 PROMPTS = {"query": "検索クエリ: ", "document": "検索文書: ", "topic": "トピック: ", "": ""}
 PAD_ID = 3
@@ -33,11 +38,23 @@ def normalize64(v: np.ndarray) -> np.ndarray:
     return (v / np.linalg.norm(v, axis=-1, keepdims=True)).astype(np.float32)
 
 
+OUTLIER = None  # the outlier channel of the model being referenced (set in main)
+
+
 def compare(a: np.ndarray, b: np.ndarray) -> dict:
+    """Agreement of two sets of vectors, also with the outlier channel removed: it holds ~0.8
+    of each unit vector and is nearly the same in every vector, so it inflates the cosine."""
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
-    cos = np.sum(a * b, -1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
-    return {"max_abs_diff": float(np.max(np.abs(a - b))), "min_cosine": float(np.min(cos))}
+
+    def cosine(x, y):
+        return np.sum(x * y, -1) / (np.linalg.norm(x, axis=-1) * np.linalg.norm(y, axis=-1))
+
+    a_rest, b_rest = np.delete(a, OUTLIER, axis=-1), np.delete(b, OUTLIER, axis=-1)
+    return {"max_abs_diff": float(np.max(np.abs(a - b))),
+            "min_cosine": float(np.min(cosine(a, b))),
+            "max_abs_diff_without_outlier": float(np.max(np.abs(a_rest - b_rest))),
+            "min_cosine_without_outlier": float(np.min(cosine(a_rest, b_rest)))}
 
 
 def session(path: Path) -> ort.InferenceSession:
@@ -81,6 +98,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--command", required=True, help="generator command recorded in the JSON")
     ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--onnx-variants", type=Path,
+                    help="folder with tiny_fp16.onnx and tiny_normalized_opset14.onnx")
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -90,11 +109,23 @@ def main() -> None:
     assert model.prompts == PROMPTS, model.prompts
     max_len = model.max_seq_length
     dim = model.get_embedding_dimension()
+    global OUTLIER
+    OUTLIER = outlier_channel(dim)
     print(f"loaded {args.model_dir}: max_seq_length={max_len} dim={dim} modules="
-          f"{[type(m).__name__ for m in model]}")
+          f"{[type(m).__name__ for m in model]} outlier_channel={OUTLIER}")
     raw_tok = Tokenizer.from_file(str(args.model_dir / "tokenizer.json"))
     fp32 = session(args.model_dir / "onnx" / "model.onnx")
     int8 = session(args.model_dir / "onnx" / "model_quantized.onnx")
+    fp16, fp16_error, normalized14 = None, None, None
+    if args.onnx_variants:
+        # The float16 file may not run on ORT's CPU provider; record what happens.
+        try:
+            fp16 = session(args.onnx_variants / "tiny_fp16.onnx")
+            run_ort(fp16, [[1, 2]])
+        except Exception as e:  # noqa: BLE001
+            fp16, fp16_error = None, f"{type(e).__name__}: {e}"
+            print(f"  tiny_fp16.onnx does not run on CPUExecutionProvider: {fp16_error}")
+        normalized14 = session(args.onnx_variants / "tiny_normalized_opset14.onnx")
 
     fed: list[torch.Tensor] = []
     model[0].register_forward_pre_hook(
@@ -104,6 +135,7 @@ def main() -> None:
 
     inputs = json.loads(args.inputs.read_text(encoding="utf-8"))
     items, st_all, st_norm_all, o32_all, o8_all, token_batches = [], [], [], [], [], []
+    o16_all, n14_all = [], []
     for inp in inputs:
         prompt = PROMPTS[inp["prompt_name"]]
         full = prompt + inp["text"]
@@ -132,6 +164,15 @@ def main() -> None:
             "ort_fp32": {"mean": f32_list(o32), "normalized": f32_list(normalize64(o32))},
             "ort_int8": {"mean": f32_list(o8), "normalized": f32_list(normalize64(o8))},
         })
+        if fp16 is not None:
+            # float16 outputs; every float16 is exactly a float32.
+            o16 = run_ort(fp16, [ids])[0].astype(np.float32)
+            assert np.all(np.isfinite(o16)), inp["id"]
+            items[-1]["ort_fp16"] = {"mean": f32_list(o16),
+                                     "normalized": f32_list(normalize64(o16))}
+            o16_all.append(o16)
+        if normalized14 is not None:
+            n14_all.append(run_ort(normalized14, [ids])[0])
         st_all.append(st)
         st_norm_all.append(st_n)
         o32_all.append(o32)
@@ -158,6 +199,27 @@ def main() -> None:
         "ort_int8_padded_batch_vs_ort_int8_single_mean": compare(o8_batch, o8_all),
         "padded_batch_shape": [len(token_batches), max(len(t) for t in token_batches)],
     }
+    # How much of each raw st_fp32 vector the outlier channel holds: |v_c| / ||v||.
+    share = np.abs(st_all[:, OUTLIER]) / np.linalg.norm(st_all.astype(np.float64), axis=1)
+    checks["st_fp32_outlier_share"] = {"median": float(np.median(share)),
+                                       "min": float(share.min()), "max": float(share.max())}
+    if args.onnx_variants:
+        if fp16 is not None:
+            o16_all = np.stack(o16_all)
+            o16_batch = run_ort(fp16, token_batches).astype(np.float32)
+            checks["ort_fp16_vs_st_fp32_mean"] = compare(o16_all, st_all)
+            checks["ort_fp16_vs_st_fp32_normalized"] = compare(normalize64(o16_all), st_norm_all)
+            # NaN would come from padding rows that see no key in a sliding window (their
+            # fully masked softmax); mean pooling multiplies them by 0 but NaN * 0 = NaN.
+            checks["ort_fp16_padded_batch_finite"] = bool(np.all(np.isfinite(o16_batch)))
+            if checks["ort_fp16_padded_batch_finite"]:
+                checks["ort_fp16_padded_batch_vs_st_fp32_mean"] = compare(o16_batch, st_all)
+        else:
+            checks["ort_fp16_error"] = fp16_error
+        n14_all = np.stack(n14_all)
+        checks["ort_normalized_opset14_vs_st_fp32_normalized"] = compare(n14_all, st_norm_all)
+        n14 = checks["ort_normalized_opset14_vs_st_fp32_normalized"]
+        assert n14["max_abs_diff"] <= 1e-5, n14
     for k, v in checks.items():
         print(f"  check {k}: {v}")
     n = checks["ort_fp32_vs_st_fp32_normalized"]
@@ -176,6 +238,8 @@ def main() -> None:
         "model_dir": args.model_dir_label,
         "max_seq_length": max_len,
         "dim": dim,
+        # The planted massive-activation channel (tools/testdata/build_model.py).
+        "outlier_channel": OUTLIER,
         "checks": checks,
         "items": items,
     }

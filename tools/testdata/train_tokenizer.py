@@ -5,7 +5,9 @@ Shape copied from the published Ruri v3 tokenizer (see testdata/README.md):
   ids  <unk> 0, <s> 1, </s> 2, <pad> 3, <sep> 4, <mask> 5, <cls> 6, then <0x00>..<0xFF>,
        then ordinary pieces;
   no normalizer; Metaspace(▁, prepend_scheme="never", split=False); byte fallback;
-  post-processor "<s> $A </s>".
+  post-processor "<s> $A </s>"; the 7 specials as special added tokens and a few existing
+  pieces (NON_SPECIAL_ADDED) as non-special added tokens, as the published
+  tokenizer_config.json lists added tokens beyond the specials.
 
 Writes into --out-dir: tokenizer.json, tokenizer_config.json, special_tokens_map.json
 (and spm.model / spm.vocab into --work-dir, which is not committed).
@@ -22,6 +24,16 @@ import sentencepiece as spm
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>", "<sep>", "<mask>", "<cls>"]
+# Non-special added tokens. The published Ruri v3 tokenizer_config.json lists added tokens
+# beyond the 7 specials; an added token is matched in the raw text BEFORE the Unigram model
+# runs, so "教えてください" becomes 教 / えて / ください even where Unigram alone would pick
+# another segmentation: a Rust tokenizer that ignored non-special added tokens would give
+# different ids. Fixed list (deterministic): two common endings and two frequent pieces of
+# testdata/inputs.json; each must already be an ordinary piece of the trained vocabulary
+# (asserted), so they keep their Unigram ids and vocab_size does not change. None is a
+# substring of another, so no overlap rule decides anything.
+NON_SPECIAL_ADDED = ["です", "ます", "して", "ください"]
+PROMPTS = {"query": "検索クエリ: ", "document": "検索文書: ", "topic": "トピック: ", "": ""}
 META = "\u2581"  # ▁, SentencePiece's whitespace marker
 
 
@@ -96,18 +108,23 @@ def build_hf_tokenizer(pieces: list[tuple[str, float]], model_max_length: int) -
         special_tokens=[("<s>", 1), ("</s>", 2)])
     # Registered as special added tokens so literal "<s>" in text maps to id 1, as HF does.
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIALS])
+    # Existing pieces: add_tokens keeps their vocabulary ids (asserted in main).
+    tok.add_tokens([AddedToken(s, special=False, normalized=False) for s in NON_SPECIAL_ADDED])
     tok.no_padding()
     tok.no_truncation()
     return tok
 
 
-def tokenizer_config(model_max_length: int) -> dict:
-    """tokenizer_config.json as transformers 4.48 writes it for a PreTrainedTokenizerFast."""
+def tokenizer_config(model_max_length: int, added: list[tuple[int, str, bool]]) -> dict:
+    """tokenizer_config.json as transformers 4.48 writes it for a PreTrainedTokenizerFast.
+
+    `added`: (id, content, special) of every added token, in id order.
+    """
     return {
         "added_tokens_decoder": {
             str(i): {"content": s, "lstrip": False, "normalized": False, "rstrip": False,
-                     "single_word": False, "special": True}
-            for i, s in enumerate(SPECIALS)
+                     "single_word": False, "special": special}
+            for i, s, special in added
         },
         "bos_token": "<s>",
         "clean_up_tokenization_spaces": False,
@@ -132,6 +149,33 @@ def special_tokens_map() -> dict:
             "unk_token": tok("<unk>")}
 
 
+def check_added_tokens(out_dir: Path, inputs: list[Path]) -> None:
+    """transformers' PreTrainedTokenizerFast (what sentence-transformers uses here) and
+    tokenizers.Tokenizer agree on every committed input (with its prompt), and enough
+    inputs exercise the non-special added tokens."""
+    from transformers import PreTrainedTokenizerFast
+
+    raw = Tokenizer.from_file(str(out_dir / "tokenizer.json"))
+    hf = PreTrainedTokenizerFast.from_pretrained(str(out_dir))
+    added_ids = {raw.token_to_id(s): s for s in NON_SPECIAL_ADDED}
+    for path in inputs:
+        items = json.loads(path.read_text(encoding="utf-8"))
+        using = []
+        for inp in items:
+            full = PROMPTS[inp["prompt_name"]] + inp["text"]
+            a = raw.encode(full).ids
+            b = hf(full)["input_ids"]
+            assert a == b, (path, inp["id"], a, b)
+            hit = sorted({added_ids[i] for i in a if i in added_ids})
+            if hit:
+                using.append(f"{inp['id']} ({' '.join(hit)})")
+        print(f"tokenizer: PreTrainedTokenizerFast == tokenizers.Tokenizer on all "
+              f"{len(items)} inputs of {path}; {len(using)} use a non-special added token: "
+              + ", ".join(using))
+        if path.name == "inputs.json":
+            assert len(using) >= 5, using
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--corpus", type=Path, required=True)
@@ -140,6 +184,8 @@ def main() -> None:
     ap.add_argument("--vocab-size", type=int, required=True)
     ap.add_argument("--model-max-length", type=int, default=8192)
     ap.add_argument("--seed", type=int, default=20241130)
+    ap.add_argument("--inputs", type=Path, nargs="*", default=[],
+                    help="inputs.json-style files to check the tokenizer on")
     args = ap.parse_args()
 
     args.work_dir.mkdir(parents=True, exist_ok=True)
@@ -159,16 +205,32 @@ def main() -> None:
     assert tok.get_vocab_size() == args.vocab_size
     for i, s in enumerate(SPECIALS):
         assert tok.token_to_id(s) == i, s
+    vocab = dict(pieces)
+    piece_ids = {p: i for i, (p, _) in enumerate(pieces)}
+    added = [(i, s, True) for i, s in enumerate(SPECIALS)]
+    for s in NON_SPECIAL_ADDED:
+        # An ordinary piece (after the specials and the 256 bytes) of the trained vocabulary.
+        assert s in vocab and piece_ids[s] >= len(SPECIALS) + 256, s
+        assert tok.token_to_id(s) == piece_ids[s], s
+        added.append((piece_ids[s], s, False))
+    added.sort()
+    print("tokenizer: non-special added tokens "
+          + ", ".join(f"{s} = {i}" for i, s, special in added if not special))
 
     args.out_dir.mkdir(parents=True, exist_ok=True)
     tok.save(str(args.out_dir / "tokenizer.json"), pretty=True)
     (args.out_dir / "tokenizer_config.json").write_text(
-        json.dumps(tokenizer_config(args.model_max_length), indent=2, ensure_ascii=False) + "\n",
+        json.dumps(tokenizer_config(args.model_max_length, added), indent=2,
+                   ensure_ascii=False) + "\n",
         encoding="utf-8")
     (args.out_dir / "special_tokens_map.json").write_text(
         json.dumps(special_tokens_map(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     print(f"tokenizer: spm gave {spm_size} pieces, padded to {len(pieces)} "
           f"-> {args.out_dir / 'tokenizer.json'}")
+    saved = json.loads((args.out_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    assert [(t["id"], t["content"], t["special"]) for t in saved["added_tokens"]] == added
+    assert all(t["normalized"] is False for t in saved["added_tokens"])
+    check_added_tokens(args.out_dir, args.inputs)
 
 
 if __name__ == "__main__":
