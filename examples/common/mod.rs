@@ -2,9 +2,8 @@
 //! default model folder, loading the chosen backend, and the exit status.
 //!
 //! Not an example itself (a folder is one only with a `main.rs`): each example includes it
-//! with `mod common;`. The error formatter, `describe.rs`, is not part of it: each example
-//! includes it once, `search` and `embed` directly and `serve` through `serve/mod.rs`, which
-//! `tests/server.rs` also builds without candle (and so without this module).
+//! with `mod common;`. The error formatter, `describe.rs`, is not part of it: `search` and
+//! `embed` include it themselves. (The HTTP server is a crate of its own, `ruri-server`.)
 
 use ruri::TextEmbedder;
 use std::path::{Path, PathBuf};

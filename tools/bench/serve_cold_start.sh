@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Cold start and memory of the example server (examples/serve.rs), as a serverless platform
+# Cold start and memory of ruri-server (ruri-server/), as a serverless platform
 # sees them: time from exec to the first `GET /ready` 200, then a few requests, then the
 # process's resident memory (VmRSS now, VmHWM peak) from /proc.
 #
@@ -23,8 +23,8 @@ if [[ ! -d $MODEL ]]; then
     exit 1
 fi
 tools/fetch-onnxruntime.sh >/dev/null
-cargo build --release --quiet --example serve
-BIN=target/release/examples/serve
+cargo build --release --quiet -p ruri-server --bin ruri-server
+BIN=target/release/ruri-server
 
 LOG=$(mktemp)
 trap 'kill -TERM "${PID:-}" 2>/dev/null || true; rm -f "$LOG"' EXIT

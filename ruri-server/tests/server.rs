@@ -1,15 +1,12 @@
-//! The example server (`examples/serve/`) over real HTTP: its router on an ephemeral loopback
-//! port, around the committed tiny model on ONNX Runtime fp32, called with a plain hyper
-//! client. Loading and inference can be held at a gate, so "not ready yet", "requests wait in
-//! the queue and merge" and "queue full" are states the tests reach on purpose, not by timing.
+//! The server over real HTTP: its router on an ephemeral loopback port, around the committed
+//! tiny model on ONNX Runtime fp32, called with a plain hyper client. Inference can be held at
+//! a gate (a [`Backend`] wrapping the model's own), and loading too, so "not ready yet",
+//! "requests wait in the queue and merge" and "queue full" are states the tests reach on
+//! purpose, not by timing.
 //!
 //! Expected vectors come from the library called directly (the server must not change them)
 //! and from the Python references (`testdata/reference/tiny.json`).
 
-#[path = "../examples/serve/mod.rs"]
-mod server;
-
-use ruri::TextEmbedder;
 use std::net::SocketAddr;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -20,10 +17,10 @@ use hyper::body::Bytes;
 use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::{Method, StatusCode};
 use hyper_util::rt::TokioIo;
-use ruri::{EmbedOptions, Embeddings, Encoding, Prompts, Task, Tokenizer};
+use ruri::{Backend, BackendOutput, EmbedOptions, PaddedBatch, Task, TextEmbedder};
+use ruri_server::{Config, LoadResult};
 use ruri_testkit::{Reference, tiny_model_dir};
 use serde_json::{Value, json};
-use server::{Config, Engine, LoadResult};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -40,26 +37,8 @@ fn tiny() -> TextEmbedder {
         .unwrap_or_else(|e| panic!("building the tiny ort fp32 model: {e:?}"))
 }
 
-/// The tiny model as the server sees it.
-struct Tiny(TextEmbedder);
-
-impl Engine for Tiny {
-    fn tokenizer(&self) -> &Tokenizer {
-        self.0.tokenizer()
-    }
-    fn prompts(&self) -> &Prompts {
-        self.0.prompts()
-    }
-    fn dim(&self) -> usize {
-        self.0.dim()
-    }
-    fn embed_raw(&self, encodings: &[Encoding]) -> ruri::Result<Embeddings> {
-        self.0.embed_encodings(encodings, false)
-    }
-}
-
 fn load_tiny() -> LoadResult {
-    Ok(Arc::new(Tiny(tiny())))
+    Ok(tiny())
 }
 
 /// A door a thread waits at while it is closed.
@@ -87,27 +66,26 @@ impl Gate {
     }
 }
 
-/// The tiny model with a gate before each backend call, recording each call's text count.
+/// The tiny model's backend with a gate before each batch, recording each batch's text count.
+/// Every batch here is small enough to be one backend call's only batch, so the log also
+/// counts the server's backend calls.
 struct Gated {
-    inner: Tiny,
+    inner: TextEmbedder,
     gate: Arc<Gate>,
     calls: Arc<Mutex<Vec<usize>>>,
 }
 
-impl Engine for Gated {
-    fn tokenizer(&self) -> &Tokenizer {
-        self.inner.tokenizer()
-    }
-    fn prompts(&self) -> &Prompts {
-        self.inner.prompts()
-    }
+impl Backend for Gated {
     fn dim(&self) -> usize {
         self.inner.dim()
     }
-    fn embed_raw(&self, encodings: &[Encoding]) -> ruri::Result<Embeddings> {
-        self.calls.lock().unwrap().push(encodings.len());
+    fn forward(&self, batch: &PaddedBatch) -> ruri::Result<BackendOutput> {
+        self.calls.lock().unwrap().push(batch.batch_size());
         self.gate.wait();
-        self.inner.embed_raw(encodings)
+        self.inner.backend().forward(batch)
+    }
+    fn output_is_normalized(&self) -> bool {
+        self.inner.backend().output_is_normalized()
     }
 }
 
@@ -121,11 +99,18 @@ fn gated() -> (
     let calls = Arc::new(Mutex::new(Vec::new()));
     let (g, c) = (Arc::clone(&gate), Arc::clone(&calls));
     let load = move || -> LoadResult {
-        Ok(Arc::new(Gated {
-            inner: Tiny(tiny()),
+        let inner = tiny();
+        let (tokenizer, prompts, batching) = (
+            inner.tokenizer().clone(),
+            inner.prompts().clone(),
+            inner.batching(),
+        );
+        let gated = Gated {
+            inner,
             gate: g,
             calls: c,
-        }))
+        };
+        TextEmbedder::new(tokenizer, prompts, gated, Some(batching)).map_err(|e| e.to_string())
     };
     (load, gate, calls)
 }
@@ -170,9 +155,9 @@ struct Client {
 async fn spawn(config: Config, load: impl FnOnce() -> LoadResult + Send + 'static) -> TestServer {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let (router, worker) = server::start(config, load).unwrap();
+    let (router, worker) = ruri_server::start(config, load).unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(server::serve(listener, router, async {
+    let task = tokio::spawn(ruri_server::serve(listener, router, async {
         let _ = stopped.await;
     }));
     TestServer {

@@ -1,23 +1,8 @@
-//! The embedding server behind `examples/serve.rs`, kept apart from `main` so the integration
-//! tests (`tests/server.rs`) build the same router around a model they control.
-//!
-//! Request path: auth → parse → validate → tokenize (blocking pool) → admit into the queue
-//! (token budget) → the model worker merges waiting requests into one backend call → rows back
-//! over a oneshot → normalize / cut dimensions / serialize (blocking pool) → answer.
+//! The routes: the router, its middleware (metrics, API key) and the handlers, which
+//! validate, tokenize, queue for the model thread and answer in each API's shape.
 
-pub mod api;
-pub mod metrics;
-pub mod queue;
-// Not through `common` (which needs candle): `tests/server.rs` builds this module with only
-// the `ort` feature required.
-#[path = "../common/describe.rs"]
-mod describe;
-
-pub use describe::describe;
-
-use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use axum::Router;
@@ -28,191 +13,15 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
 use base64::Engine as _;
-use ruri::{
-    Embeddings, Encoding, Error, Prompts, Task, TextEmbedder, Tokenizer, Truncation, Whitespace,
-};
-use tokio::net::TcpListener;
+use ruri::{Encoding, Error, Prompts, Task, Truncation};
 use tokio::sync::{mpsc, oneshot};
 
-use api::{ApiError, EncodingFormat, ErrorKind, Flavor, OpenAiRequest, TeiRequest};
-use metrics::Metrics;
-use queue::{Depth, Job};
+use crate::api::{self, ApiError, EncodingFormat, ErrorKind, Flavor, OpenAiRequest, TeiRequest};
+use crate::queue::Job;
+use crate::{App, describe};
 
-/// What the server needs from a loaded model.
-pub trait Engine: Send + Sync {
-    fn tokenizer(&self) -> &Tokenizer;
-    fn prompts(&self) -> &Prompts;
-    fn dim(&self) -> usize;
-    /// The model's whitespace policy for prompt + text.
-    fn whitespace(&self) -> Whitespace {
-        Whitespace::Keep
-    }
-    /// Whether raw (unnormalized) vectors can be had: not from an ONNX file whose only output
-    /// is already L2-normalized.
-    fn raw_available(&self) -> bool {
-        true
-    }
-    /// Mean-pooled, unnormalized vectors of already-tokenized texts, in order (unit vectors
-    /// when raw ones are not available).
-    fn embed_raw(&self, encodings: &[Encoding]) -> ruri::Result<Embeddings>;
-}
-
-impl Engine for TextEmbedder {
-    fn tokenizer(&self) -> &Tokenizer {
-        TextEmbedder::tokenizer(self)
-    }
-    fn prompts(&self) -> &Prompts {
-        TextEmbedder::prompts(self)
-    }
-    fn dim(&self) -> usize {
-        TextEmbedder::dim(self)
-    }
-    fn whitespace(&self) -> Whitespace {
-        TextEmbedder::whitespace(self)
-    }
-    fn raw_available(&self) -> bool {
-        !self.backend().output_is_normalized()
-    }
-    fn embed_raw(&self, encodings: &[Encoding]) -> ruri::Result<Embeddings> {
-        self.embed_encodings(encodings, !self.raw_available())
-    }
-}
-
-/// What loading produces: the model, or the message `/ready` reports.
-pub type LoadResult = Result<Arc<dyn Engine>, String>;
-
-/// Server limits and identity.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// The `model` echoed in OpenAI answers.
-    pub model_name: String,
-    /// Prompt used when a request names none (`None`: no prompt).
-    pub default_prompt_name: Option<String>,
-    /// Larger bodies are refused with 413.
-    pub max_body_bytes: usize,
-    /// More inputs in one request are refused with 413.
-    pub max_inputs: usize,
-    /// Tokens allowed to wait for the model; past it, 429.
-    pub max_queue_tokens: usize,
-    /// Tokens merged into one backend call at most (a single larger request runs alone).
-    pub max_merge_tokens: usize,
-    /// When set, embedding routes need `Authorization: Bearer <key>`.
-    pub api_key: Option<String>,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            model_name: "ruri".to_owned(),
-            default_prompt_name: None,
-            max_body_bytes: 2 * 1024 * 1024,
-            max_inputs: 256,
-            max_queue_tokens: 131_072,
-            max_merge_tokens: 16_384,
-            api_key: None,
-        }
-    }
-}
-
-/// State shared by the handlers and the model thread.
-struct Shared {
-    config: Config,
-    /// Empty while loading.
-    model: OnceLock<LoadResult>,
-    depth: Depth,
-    metrics: Metrics,
-}
-
-/// The router's state: the shared part and the queue's sending end. The model worker stops
-/// once every clone of it is gone.
-#[derive(Clone)]
-struct App {
-    shared: Arc<Shared>,
-    jobs: mpsc::UnboundedSender<Job>,
-}
-
-/// Builds the router and starts loading on a thread of its own, which then becomes the model
-/// worker. Routes answer at once; embedding routes say 503 until `load` has returned.
-///
-/// The thread ends once the router and every clone of it are dropped (after [`serve`]
-/// returns) and the queue is empty; join it before exiting, so that a shutdown during loading
-/// does not tear down the runtime libraries under the loading thread.
-pub fn start(
-    config: Config,
-    load: impl FnOnce() -> LoadResult + Send + 'static,
-) -> std::io::Result<(Router, std::thread::JoinHandle<()>)> {
-    let (jobs, receiver) = mpsc::unbounded_channel();
-    let shared = Arc::new(Shared {
-        config,
-        model: OnceLock::new(),
-        depth: Depth::default(),
-        metrics: Metrics::new(),
-    });
-    let worker_shared = Arc::clone(&shared);
-    let worker = std::thread::Builder::new()
-        .name("ruri-model".into())
-        .spawn(move || {
-            let shared = worker_shared;
-            let started = Instant::now();
-            let mut loaded_after = None;
-            let result = catch_panic(load).and_then(|engine| {
-                loaded_after = Some(started.elapsed());
-                check_default_prompt(&*engine, shared.config.default_prompt_name.as_deref())?;
-                warm_up(&*engine)?;
-                Ok(engine)
-            });
-            let engine = match &result {
-                Ok(engine) => {
-                    let seconds = started.elapsed().as_secs_f64();
-                    let load_ms = loaded_after.unwrap_or_default().as_secs_f64() * 1e3;
-                    eprintln!(
-                        "model ready in {:.0} ms (load {load_ms:.0} ms, warm-up {:.0} ms; {} dimensions, up to {} tokens per input)",
-                        seconds * 1e3,
-                        seconds * 1e3 - load_ms,
-                        engine.dim(),
-                        engine.tokenizer().max_length()
-                    );
-                    shared.metrics.load_seconds.set(seconds);
-                    shared.metrics.ready.set(1);
-                    Some(Arc::clone(engine))
-                }
-                Err(message) => {
-                    eprintln!("error: the model failed to load: {message}");
-                    None
-                }
-            };
-            shared
-                .model
-                .set(result)
-                .unwrap_or_else(|_| unreachable!("only this thread sets the model"));
-            if let Some(engine) = engine {
-                let max_merge = shared.config.max_merge_tokens;
-                queue::run_worker(engine, receiver, &shared.depth, &shared.metrics, max_merge);
-            }
-        })?;
-    Ok((router(App { shared, jobs }), worker))
-}
-
-/// Serves until `shutdown` resolves, then stops accepting and lets requests in flight finish.
-pub async fn serve(
-    listener: TcpListener,
-    router: Router,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    // Answers are written whole; Nagle's algorithm would only hold back their last segment.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            eprintln!("warning: cannot set TCP_NODELAY: {e}");
-        }
-    });
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
-}
-
-fn router(app: App) -> Router {
+pub(crate) fn router(app: App) -> Router {
     let body_limit = app.shared.config.max_body_bytes;
     let embedding = Router::new()
         .route("/v1/embeddings", post(openai_embeddings))
@@ -229,40 +38,6 @@ fn router(app: App) -> Router {
         .with_state(app)
 }
 
-fn catch_panic(load: impl FnOnce() -> LoadResult) -> LoadResult {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(load)).unwrap_or_else(|panic| {
-        let what = panic
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "unknown panic".to_owned());
-        Err(format!("loading panicked: {what}"))
-    })
-}
-
-fn check_default_prompt(engine: &dyn Engine, name: Option<&str>) -> Result<(), String> {
-    match name {
-        Some(name) => resolve_prompt(engine.prompts(), name)
-            .map(drop)
-            .map_err(|e| format!("--default-prompt-name: {}", e.message)),
-        None => Ok(()),
-    }
-}
-
-/// One short text through the whole path, so the first request does not pay for ONNX
-/// Runtime's first run. Deliberately short: a long warm-up would grow the arenas (and so the
-/// resident memory) for nothing.
-fn warm_up(engine: &dyn Engine) -> Result<(), String> {
-    let encoding = engine
-        .tokenizer()
-        .encode("", "ウォームアップ", Truncation::Truncate)
-        .map_err(|e| format!("warm-up tokenization failed: {}", describe(&Error::from(e))))?;
-    engine
-        .embed_raw(&[encoding])
-        .map(drop)
-        .map_err(|e| format!("warm-up inference failed: {}", describe(&e)))
-}
-
 fn prompt_names(prompts: &Prompts) -> String {
     prompts
         .iter()
@@ -271,7 +46,7 @@ fn prompt_names(prompts: &Prompts) -> String {
         .join(", ")
 }
 
-fn resolve_prompt(prompts: &Prompts, name: &str) -> Result<String, ApiError> {
+pub(crate) fn resolve_prompt(prompts: &Prompts, name: &str) -> Result<String, ApiError> {
     // `""` is sentence-transformers' name for no prompt, whatever the config lists.
     let task = if name.is_empty() {
         Task::None
@@ -350,7 +125,7 @@ async fn ready(State(app): State<App>) -> Response {
             "status": "ready",
             "model": app.shared.config.model_name,
             "dimensions": engine.dim(),
-            "max_input_tokens": engine.tokenizer().max_length(),
+            "max_input_tokens": engine.max_length(),
         }))
         .into_response(),
         Some(Err(message)) => (
@@ -579,7 +354,7 @@ async fn embed(app: &App, work: Work) -> Result<Done, ApiError> {
     } else {
         Truncation::Error
     };
-    if !work.normalize && !engine.raw_available() {
+    if !work.normalize && !crate::raw_available(&engine) {
         return Err(ApiError::new(
             ErrorKind::Invalid,
             "\"normalize\": false is not available: this model's ONNX file only outputs \

@@ -3,15 +3,13 @@
 //! them under its padded-token budget), and hands each request its rows back.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use ruri::Encoding;
+use ruri::{Encoding, TextEmbedder};
 use tokio::sync::{mpsc, oneshot};
 
-use super::Engine;
-use super::metrics::Metrics;
+use crate::metrics::Metrics;
 
 /// Raw (unnormalized) vectors of one request, row-major, or why the backend failed.
 pub type Reply = Result<Vec<f32>, String>;
@@ -56,7 +54,7 @@ impl Depth {
 
 /// Runs until every sender is gone (the server has shut down and its last request is answered).
 pub fn run_worker(
-    engine: Arc<dyn Engine>,
+    engine: &TextEmbedder,
     mut jobs: mpsc::UnboundedReceiver<Job>,
     depth: &Depth,
     metrics: &Metrics,
@@ -90,12 +88,12 @@ pub fn run_worker(
         if merged.is_empty() {
             continue;
         }
-        run_merged(&*engine, merged, tokens, depth, metrics);
+        run_merged(engine, merged, tokens, depth, metrics);
     }
 }
 
 fn run_merged(
-    engine: &dyn Engine,
+    engine: &TextEmbedder,
     mut merged: Vec<Job>,
     tokens: usize,
     depth: &Depth,
@@ -117,17 +115,17 @@ fn run_merged(
     metrics.batch_tokens.observe(tokens as f64);
 
     // A panic in a backend must cost these requests, not the worker (and so the server).
-    let result =
-        catch_unwind(AssertUnwindSafe(|| engine.embed_raw(&encodings))).unwrap_or_else(|panic| {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".to_owned());
-            Err(ruri::Error::ModelOutput {
-                reason: format!("the backend panicked: {what}"),
-            })
-        });
+    // Raw vectors, unless the model only has normalized ones (the handlers refuse
+    // `normalize: false` then); the handlers cut dimensions and normalize.
+    let normalized = !crate::raw_available(engine);
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        engine.embed_encodings(&encodings, normalized)
+    }))
+    .unwrap_or_else(|panic| {
+        Err(ruri::Error::ModelOutput {
+            reason: format!("the backend panicked: {}", crate::panic_message(&*panic)),
+        })
+    });
     metrics
         .inference_seconds
         .observe(started.elapsed().as_secs_f64());
@@ -152,7 +150,7 @@ fn run_merged(
                     embeddings.len(),
                     encodings.len()
                 ),
-                Err(e) => super::describe(&e),
+                Err(e) => crate::describe(&e),
             };
             eprintln!(
                 "error: backend call over {} texts failed: {message}",

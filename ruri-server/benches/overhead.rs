@@ -1,0 +1,544 @@
+//! What a request to the server costs over the library itself: sequential keep-alive requests
+//! of one short query against the release `ruri-server` on loopback, next to the library
+//! embedding the same text in a process of its own, alternated over several rounds, each in
+//! fresh processes (the machines are shared and noisy: one run of each is not a measurement).
+//!
+//! ```sh
+//! cargo bench -p ruri-server --bench overhead                        # tiny model, 5 rounds
+//! cargo bench -p ruri-server --bench overhead -- \
+//!     --model testdata/generated/ruri-v3-30m-shape --precision int8
+//! tools/bench/serve_overhead.sh                                      # both models
+//! ```
+//!
+//! Flags: `--model DIR` (default: the tiny test model; relative to the workspace root), `--precision fp32|int8`, `--threads N`
+//! (ONNX Runtime intra-op threads, the same for both sides), `--rounds N` (5), `--requests N`
+//! (500 timed per round and side, after `--warmup N`, 50), `--text TEXT`, `--prompt-name NAME`
+//! (`query`), `--server-bin PATH` (repeatable: other server builds measured in the same
+//! rounds, e.g. an older one; default: this build's `ruri-server`).
+//!
+//! Without `--bench` (as `cargo test --all-targets` runs it) it makes one short round on the
+//! tiny model, to show it still works.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use ruri::{EmbedOptions, Task};
+
+/// A query of about twenty tokens (22 on the 30m model's tokenizer with the query prompt).
+const TEXT: &str = "瑠璃色の石は古くから装飾品に使われてきましたが、その名前の由来は何ですか？";
+
+#[derive(Debug, Clone)]
+struct Options {
+    model: PathBuf,
+    precision: String,
+    threads: Option<usize>,
+    rounds: usize,
+    requests: usize,
+    warmup: usize,
+    text: String,
+    prompt_name: String,
+    servers: Vec<PathBuf>,
+}
+
+impl Options {
+    fn parse(args: &[String]) -> Result<Self, String> {
+        let bench = args.iter().any(|a| a == "--bench");
+        let mut options = Options {
+            model: ruri_testkit::tiny_model_dir(),
+            precision: "fp32".into(),
+            threads: None,
+            rounds: if bench { 5 } else { 1 },
+            requests: if bench { 500 } else { 20 },
+            warmup: if bench { 50 } else { 5 },
+            text: TEXT.into(),
+            prompt_name: "query".into(),
+            servers: Vec::new(),
+        };
+        let mut args = args.iter();
+        while let Some(flag) = args.next() {
+            let mut value = || {
+                args.next()
+                    .cloned()
+                    .ok_or_else(|| format!("{flag} needs a value"))
+            };
+            let number = |v: String| v.parse::<usize>().map_err(|e| format!("{flag}: {e}"));
+            match flag.as_str() {
+                "--bench" | "--library" => {}
+                // cargo runs benches in the package's folder: take relative paths from the
+                // workspace root, where the command was most likely typed.
+                "--model" => options.model = ruri_testkit::repo_root().join(value()?),
+                "--precision" => options.precision = value()?,
+                "--threads" => options.threads = Some(number(value()?)?),
+                "--rounds" => options.rounds = number(value()?)?.max(1),
+                "--requests" => options.requests = number(value()?)?.max(1),
+                "--warmup" => options.warmup = number(value()?)?,
+                "--text" => options.text = value()?,
+                "--prompt-name" => options.prompt_name = value()?,
+                "--server-bin" => options.servers.push(value()?.into()),
+                other if other.starts_with("--") => return Err(format!("unknown flag {other}")),
+                // cargo bench passes a filter; there is one benchmark.
+                _ => {}
+            }
+        }
+        if options.servers.is_empty() {
+            options
+                .servers
+                .push(env!("CARGO_BIN_EXE_ruri-server").into());
+        }
+        Ok(options)
+    }
+
+    /// The flags a child process (library or server) needs to load the same model.
+    fn model_flags(&self) -> Vec<String> {
+        let mut flags = vec![
+            "--model".into(),
+            self.model.display().to_string(),
+            "--precision".into(),
+            self.precision.clone(),
+        ];
+        if let Some(threads) = self.threads {
+            flags.extend(["--threads".into(), threads.to_string()]);
+        }
+        flags
+    }
+}
+
+/// Latencies of one side in one round, in milliseconds.
+#[derive(Debug, Clone, Copy)]
+struct Round {
+    p50: f64,
+    p99: f64,
+}
+
+impl Round {
+    fn of(mut samples: Vec<Duration>) -> Self {
+        samples.sort();
+        let at = |q: f64| {
+            let rank = ((q * samples.len() as f64).ceil() as usize).clamp(1, samples.len());
+            samples[rank - 1].as_secs_f64() * 1e3
+        };
+        Round {
+            p50: at(0.50),
+            p99: at(0.99),
+        }
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let options = match Options::parse(&args) {
+        Ok(options) => options,
+        Err(message) => {
+            eprintln!("error: {message}");
+            std::process::exit(2);
+        }
+    };
+    if args.iter().any(|a| a == "--library") {
+        library_child(&options);
+        return;
+    }
+    if !options.model.join("config.json").is_file() {
+        println!(
+            "overhead: no model at {} (tools/testdata/generate.sh makes the test models); nothing measured",
+            options.model.display()
+        );
+        return;
+    }
+    if let Err(message) = drive(&options) {
+        eprintln!("error: {message}");
+        std::process::exit(1);
+    }
+}
+
+/// Alternates the library and each server over the rounds and prints the medians.
+fn drive(options: &Options) -> Result<(), String> {
+    let labels: Vec<String> = options
+        .servers
+        .iter()
+        .enumerate()
+        .map(|(i, path)| {
+            let name = path.file_name().map_or_else(
+                || format!("server{i}"),
+                |n| n.to_string_lossy().into_owned(),
+            );
+            if options.servers.len() > 1 {
+                format!("{name}#{}", i + 1)
+            } else {
+                name
+            }
+        })
+        .collect();
+    println!(
+        "model {} ({} {}threads), text {:?} with prompt {:?}; {} rounds × {} sequential keep-alive requests (after {} warm-up)",
+        options.model.display(),
+        options.precision,
+        options
+            .threads
+            .map_or_else(|| "default ".to_owned(), |t| format!("{t} ")),
+        options.text,
+        options.prompt_name,
+        options.rounds,
+        options.requests,
+        options.warmup
+    );
+    let mut library = Vec::new();
+    let mut servers = vec![Vec::new(); options.servers.len()];
+    let mut health = vec![Vec::new(); options.servers.len()];
+    let mut tokens = None;
+    for round in 0..options.rounds {
+        // Alternate which side goes first, so drift within a round favours neither.
+        let mut order: Vec<Option<usize>> = std::iter::once(None)
+            .chain((0..options.servers.len()).map(Some))
+            .collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        let mut line = format!("round {}:", round + 1);
+        let mut this_library = None;
+        let mut this_servers = vec![None; options.servers.len()];
+        for side in order {
+            match side {
+                None => {
+                    let (round, n) = run_library(options)?;
+                    tokens = Some(n);
+                    this_library = Some(round);
+                }
+                Some(i) => {
+                    let (round, h) = run_server(options, &options.servers[i])?;
+                    this_servers[i] = Some(round);
+                    health[i].push(h);
+                }
+            }
+        }
+        let lib = this_library.expect("every round runs the library");
+        library.push(lib);
+        line += &format!(" library p50 {:.3} p99 {:.3}", lib.p50, lib.p99);
+        for (i, server) in this_servers.into_iter().enumerate() {
+            let server = server.expect("every round runs every server");
+            servers[i].push(server);
+            line += &format!(
+                " | {} p50 {:.3} p99 {:.3} (+{:.3})",
+                labels[i],
+                server.p50,
+                server.p99,
+                server.p50 - lib.p50
+            );
+        }
+        println!("{line} ms");
+    }
+    println!(
+        "medians over {} rounds [min–max], ms ({} tokens with the prompt):",
+        options.rounds,
+        tokens.unwrap_or(0)
+    );
+    let p50s = |rounds: &[Round]| rounds.iter().map(|r| r.p50).collect::<Vec<_>>();
+    let p99s = |rounds: &[Round]| rounds.iter().map(|r| r.p99).collect::<Vec<_>>();
+    println!(
+        "  {:<24} p50 {}   p99 {}",
+        "library",
+        spread(&p50s(&library)),
+        spread(&p99s(&library))
+    );
+    for (i, label) in labels.iter().enumerate() {
+        let overhead: Vec<f64> = servers[i]
+            .iter()
+            .zip(&library)
+            .map(|(s, l)| s.p50 - l.p50)
+            .collect();
+        println!(
+            "  {:<24} p50 {}   p99 {}   server − library p50 {}",
+            label,
+            spread(&p50s(&servers[i])),
+            spread(&p99s(&servers[i])),
+            spread(&overhead)
+        );
+        println!(
+            "  {:<24} p50 {}",
+            format!("{label} GET /health"),
+            spread(&p50s(&health[i]))
+        );
+    }
+    Ok(())
+}
+
+/// `median [min–max]` with three decimals.
+fn spread(values: &[f64]) -> String {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    let median = if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+    };
+    format!("{median:.3} [{:.3}–{:.3}]", sorted[0], sorted[n - 1])
+}
+
+/// This program again, as `--library`: a fresh process that loads the model and times the
+/// library on the text. Answers the round and the text's token count.
+fn run_library(options: &Options) -> Result<(Round, usize), String> {
+    let exe = std::env::current_exe().map_err(|e| format!("finding this program: {e}"))?;
+    let mut command = Command::new(exe);
+    command
+        .arg("--library")
+        .args(options.model_flags())
+        .args(["--requests", &options.requests.to_string()])
+        .args(["--warmup", &options.warmup.to_string()])
+        .args([
+            "--text",
+            &options.text,
+            "--prompt-name",
+            &options.prompt_name,
+        ]);
+    let output = command
+        .output()
+        .map_err(|e| format!("running the library child: {e}"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        return Err(format!(
+            "the library child failed: {}{}",
+            stdout,
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    // `tokens N p50 X p99 Y`
+    let fields: Vec<&str> = stdout.split_whitespace().collect();
+    let field = |name: &str| -> Result<f64, String> {
+        fields
+            .iter()
+            .position(|f| *f == name)
+            .and_then(|i| fields.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| format!("the library child printed {stdout:?}"))
+    };
+    Ok((
+        Round {
+            p50: field("p50")?,
+            p99: field("p99")?,
+        },
+        field("tokens")? as usize,
+    ))
+}
+
+fn library_child(options: &Options) {
+    let mut builder = ruri::ort::builder().precision(match options.precision.as_str() {
+        "int8" => ruri::ort::Precision::Int8,
+        "fp16" => ruri::ort::Precision::Fp16,
+        _ => ruri::ort::Precision::Fp32,
+    });
+    if let Some(threads) = options.threads {
+        builder = builder.intra_threads(threads);
+    }
+    let embedder = builder
+        .build_from_dir(&options.model)
+        .unwrap_or_else(|e| panic!("loading {}: {e}", options.model.display()));
+    let task = if options.prompt_name.is_empty() {
+        Task::None
+    } else {
+        Task::Named(options.prompt_name.clone())
+    };
+    let embed_options = EmbedOptions::new(task);
+    let texts = [options.text.as_str()];
+    let tokens = embedder.encode(&texts, &embed_options).expect("tokenizing")[0].len();
+    for _ in 0..options.warmup {
+        embedder
+            .embed_with(&texts, &embed_options)
+            .expect("embedding");
+    }
+    let samples = (0..options.requests)
+        .map(|_| {
+            let started = Instant::now();
+            let vectors = embedder
+                .embed_with(&texts, &embed_options)
+                .expect("embedding");
+            let elapsed = started.elapsed();
+            std::hint::black_box(vectors);
+            elapsed
+        })
+        .collect();
+    let round = Round::of(samples);
+    println!("tokens {tokens} p50 {} p99 {}", round.p50, round.p99);
+}
+
+/// Kills the server when the round ends, however it ends.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A fresh server process: waits for `/ready`, then times the requests on one keep-alive
+/// connection, then `GET /health` on it.
+fn run_server(options: &Options, binary: &PathBuf) -> Result<(Round, Round), String> {
+    let mut child = Command::new(binary)
+        .args(["--addr", "127.0.0.1:0"])
+        .args(options.model_flags())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("starting {}: {e}", binary.display()))?;
+    let stderr = child.stderr.take().expect("piped above");
+    let server = Server(child);
+    // Read stderr all along (a full pipe would block the server's logging); the address comes
+    // from its first line.
+    let (addresses, address) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut addresses = Some(addresses);
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("listening on http://").nth(1) {
+                let addr = rest.split(';').next().unwrap_or_default().trim().to_owned();
+                if let Some(sender) = addresses.take() {
+                    let _ = sender.send(addr);
+                }
+            } else if line.starts_with("error") {
+                eprintln!("server: {line}");
+            }
+        }
+    });
+    let addr: SocketAddr = address
+        .recv_timeout(Duration::from_secs(30))
+        .map_err(|_| format!("{} did not say where it listens", binary.display()))?
+        .parse()
+        .map_err(|e| format!("the server's address: {e}"))?;
+
+    let mut client = Client::connect(addr)?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (status, _) = client.get("/ready")?;
+        if status == 200 {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{} was not ready within 120 s", binary.display()));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let body = serde_json::to_vec(&serde_json::json!({
+        "input": options.text,
+        "prompt_name": options.prompt_name,
+    }))
+    .expect("serializing a JSON value cannot fail");
+    let (status, answer) = client.post("/v1/embeddings", &body)?;
+    let answer: serde_json::Value = serde_json::from_slice(&answer)
+        .map_err(|e| format!("the server's answer is not JSON: {e}"))?;
+    if status != 200 || !answer["data"][0]["embedding"].is_array() {
+        return Err(format!("the server answered {status}: {answer}"));
+    }
+    for _ in 0..options.warmup {
+        client.post("/v1/embeddings", &body)?;
+    }
+    let mut samples = Vec::with_capacity(options.requests);
+    for _ in 0..options.requests {
+        let started = Instant::now();
+        let (status, _) = client.post("/v1/embeddings", &body)?;
+        samples.push(started.elapsed());
+        if status != 200 {
+            return Err(format!("the server answered {status}"));
+        }
+    }
+    let mut health = Vec::with_capacity(options.requests);
+    for _ in 0..options.requests {
+        let started = Instant::now();
+        client.get("/health")?;
+        health.push(started.elapsed());
+    }
+    drop(server);
+    Ok((Round::of(samples), Round::of(health)))
+}
+
+/// HTTP/1.1 on one keep-alive connection, as little as can be: the client's own cost must
+/// not blur the server's.
+struct Client {
+    stream: TcpStream,
+    host: String,
+    buffer: Vec<u8>,
+}
+
+impl Client {
+    fn connect(addr: SocketAddr) -> Result<Self, String> {
+        let stream = TcpStream::connect(addr).map_err(|e| format!("connecting to {addr}: {e}"))?;
+        stream
+            .set_nodelay(true)
+            .map_err(|e| format!("TCP_NODELAY: {e}"))?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .map_err(|e| format!("read timeout: {e}"))?;
+        Ok(Client {
+            stream,
+            host: addr.to_string(),
+            buffer: Vec::with_capacity(64 * 1024),
+        })
+    }
+
+    fn get(&mut self, path: &str) -> Result<(u16, Vec<u8>), String> {
+        let head = format!("GET {path} HTTP/1.1\r\nhost: {}\r\n\r\n", self.host);
+        self.exchange(head.as_bytes(), &[])
+    }
+
+    fn post(&mut self, path: &str, body: &[u8]) -> Result<(u16, Vec<u8>), String> {
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            self.host,
+            body.len()
+        );
+        self.exchange(head.as_bytes(), body)
+    }
+
+    /// Sends one request in one write and reads its answer (status line, headers, a body of
+    /// `content-length` bytes).
+    fn exchange(&mut self, head: &[u8], body: &[u8]) -> Result<(u16, Vec<u8>), String> {
+        let request = [head, body].concat();
+        self.stream
+            .write_all(&request)
+            .map_err(|e| format!("sending: {e}"))?;
+        self.buffer.clear();
+        let mut chunk = [0u8; 16 * 1024];
+        let header_end = loop {
+            if let Some(at) = find(&self.buffer, b"\r\n\r\n") {
+                break at + 4;
+            }
+            self.read_some(&mut chunk)?;
+        };
+        let head = String::from_utf8_lossy(&self.buffer[..header_end]).to_ascii_lowercase();
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| format!("no status in {head:?}"))?;
+        let length: usize = head
+            .lines()
+            .find_map(|line| line.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or_else(|| format!("no content-length in {head:?}"))?;
+        while self.buffer.len() < header_end + length {
+            self.read_some(&mut chunk)?;
+        }
+        Ok((
+            status,
+            self.buffer[header_end..header_end + length].to_vec(),
+        ))
+    }
+
+    fn read_some(&mut self, chunk: &mut [u8]) -> Result<(), String> {
+        match self.stream.read(chunk) {
+            Ok(0) => Err("the server closed the connection".into()),
+            Ok(n) => {
+                self.buffer.extend_from_slice(&chunk[..n]);
+                Ok(())
+            }
+            Err(e) => Err(format!("reading: {e}")),
+        }
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
