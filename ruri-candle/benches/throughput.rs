@@ -11,6 +11,8 @@
 //! cargo bench -p ruri-candle --bench throughput                 # everything
 //! cargo bench -p ruri-candle --bench throughput -- candle_f32/  # one dtype
 //! ```
+// The bench and test macros generate undocumented public items.
+#![allow(missing_docs)]
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -234,7 +234,7 @@ impl Embeddings {
 ///
 /// Two methods are required; the rest are conveniences over [`Embedder::embed_with`].
 ///
-/// ```no_run
+/// ```
 /// use ruri_core::{Embedder, Task, cosine};
 ///
 /// fn best_document(embedder: &dyn Embedder, query: &str, docs: &[&str]) -> ruri_core::Result<usize> {

@@ -15,16 +15,37 @@
 //!
 //! # Example
 //!
-//! ```no_run
-//! # fn run(embedder: &dyn ruri_core::Embedder) -> ruri_core::Result<()> {
-//! use ruri_core::{Embedder, top_k};
+//! Code that embeds can depend on the [`Embedder`] trait, and a test can hand it a stand-in
+//! whose answers are built with [`Embeddings::from_parts`]; in production it gets a
+//! [`TextEmbedder`] from `ruri::ort::builder()` or `ruri::candle::builder()`.
 //!
-//! let docs = embedder.embed_documents(&["瑠璃は青い宝石です。", "今日は晴れです。"])?;
-//! let query = embedder.embed_query("青い石")?;
-//! for (i, score) in top_k(&query, &docs, 1) {
-//!     println!("{i}: {score:.3}");
+//! ```
+//! use ruri_core::{EmbedOptions, Embedder, Embeddings, top_k};
+//!
+//! fn best_document(embedder: &dyn Embedder, query: &str, docs: &[&str]) -> ruri_core::Result<usize> {
+//!     let docs = embedder.embed_documents(docs)?;
+//!     let query = embedder.embed_query(query)?;
+//!     Ok(top_k(&query, &docs, 1)[0].0)
 //! }
-//! # Ok(()) }
+//!
+//! /// A stand-in: a text's vector says whether it mentions 青.
+//! struct Blue;
+//! impl Embedder for Blue {
+//!     fn dim(&self) -> usize {
+//!         2
+//!     }
+//!     fn embed_with(&self, texts: &[&str], _: &EmbedOptions) -> ruri_core::Result<Embeddings> {
+//!         let data = texts
+//!             .iter()
+//!             .flat_map(|t| if t.contains('青') { [1.0, 0.0] } else { [0.0, 1.0] })
+//!             .collect();
+//!         Embeddings::from_parts(data, 2, vec![3; texts.len()], vec![false; texts.len()])
+//!     }
+//! }
+//!
+//! let docs = ["今日は晴れです。", "瑠璃は青い宝石です。"];
+//! assert_eq!(best_document(&Blue, "青い石", &docs)?, 1);
+//! # Ok::<(), ruri_core::Error>(())
 //! ```
 //!
 //! # Choices
@@ -46,6 +67,7 @@
 //!   texts are not padded to the length of long ones.
 
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod config;
 mod embedder;

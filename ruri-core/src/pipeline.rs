@@ -82,9 +82,9 @@ pub struct BatchOptions {
 
 impl Default for BatchOptions {
     /// 8,192 padded tokens and at most 32 texts per batch: tuned on CPU, where small batches
-    /// stay in cache. On 2 cores with the ruri-v3-30m shape (ort int8, 2,048 short
-    /// documents) they ran 1.4× faster than TEI's GPU-minded 16,384 tokens / 256 texts and
-    /// peaked at 354 MB instead of 808 MB (BENCHMARKS.md). On a GPU, raise both.
+    /// stay in cache; faster and smaller than TEI's GPU-minded 16,384 tokens / 256 texts on
+    /// the measured workload (figures in the repository's BENCHMARKS.md). A GPU backend
+    /// advises larger ones ([`Backend::advised_batching`]).
     ///
     /// Attention cells (`texts × longest²`) are capped at 2,097,152 (8,192 × 256): the
     /// cap only binds on texts over 256 tokens, where attention score tensors (which grow with

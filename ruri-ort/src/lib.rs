@@ -33,10 +33,13 @@
 //!
 //! # The ONNX Runtime library
 //!
-//! Loaded at run time (`ort`'s `load-dynamic`): from [`OrtBuilder::runtime_path`],
-//! else `ORT_DYLIB_PATH`, else the folder `tools/fetch-onnxruntime.sh` fills (see
-//! [`default_install_dir`]), else the system library path. A missing or too old library is
-//! [`ruri_core::Error::RuntimeUnavailable`], whose message says how to get one.
+//! Loaded at run time (`ort`'s `load-dynamic`; nothing is downloaded or linked at build
+//! time): from [`OrtBuilder::runtime_path`], else `ORT_DYLIB_PATH`, else ruri's default folder
+//! ([`default_install_dir`]: `~/.cache/ruri/onnxruntime-1.31.1/`), else the system library
+//! path. A missing or too old library is [`ruri_core::Error::RuntimeUnavailable`], whose
+//! message gives the steps: unpack `libonnxruntime.so.1.31.1` from the `onnxruntime` wheel on
+//! PyPI into the default folder, point `ORT_DYLIB_PATH` at an installed onnxruntime Python
+//! package's library, or use a system library.
 //!
 //! # Threads
 //!
@@ -191,10 +194,9 @@ impl OrtBuilder {
     ///
     /// For throughput on a CPU, pair it with [`intra_threads(1)`](Self::intra_threads): one
     /// single-threaded session per core avoids ONNX Runtime's per-operator thread
-    /// synchronization, which dominates on short texts. On 2 cores with the ruri-v3-30m shape
-    /// (int8), `sessions(2).intra_threads(1)` embedded short documents ≈ 1.4× faster than
-    /// the default but held ≈ 1.8× the memory: the sessions share their prepacked weights,
-    /// not the rest (BENCHMARKS.md).
+    /// synchronization, which dominates on short texts. It raises throughput and memory
+    /// alike: the sessions share their prepacked weights, not the rest (figures in the
+    /// repository's BENCHMARKS.md).
     pub fn sessions(mut self, sessions: usize) -> Self {
         self.sessions = Some(sessions);
         self

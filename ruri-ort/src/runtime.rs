@@ -1,8 +1,9 @@
 //! Finding and loading the ONNX Runtime shared library, once per process.
 //!
 //! `ort` is built with `load-dynamic`: nothing is downloaded or linked at build time. The
-//! library is looked for, in order, at the builder's explicit path, `ORT_DYLIB_PATH`, the
-//! folder `tools/fetch-onnxruntime.sh` fills, and finally the system's library search path.
+//! library is looked for, in order, at the builder's explicit path, `ORT_DYLIB_PATH`, ruri's
+//! default folder ([`default_install_dir`], where the repository's
+//! `tools/fetch-onnxruntime.sh` puts it), and finally the system's library search path.
 //! A miss is a typed error that says how to get the library; `ort` itself would panic.
 
 use std::path::{Path, PathBuf};
@@ -26,7 +27,8 @@ fn library_file_name() -> String {
     )
 }
 
-/// Where `tools/fetch-onnxruntime.sh` puts the library:
+/// ruri's default folder for the library (the repository's `tools/fetch-onnxruntime.sh`
+/// fills it from the onnxruntime wheel; any copy of `libonnxruntime.so.<version>` works):
 /// `$RURI_CACHE_DIR`, else `$XDG_CACHE_HOME/ruri`, else `~/.cache/ruri`, then
 /// `onnxruntime-<version>/`.
 pub fn default_install_dir() -> Option<PathBuf> {
@@ -42,10 +44,20 @@ pub fn default_install_dir() -> Option<PathBuf> {
     Some(base.join(format!("onnxruntime-{ONNXRUNTIME_VERSION}")))
 }
 
-const HELP: &str = "Get ONNX Runtime 1.22 or newer (the project tests 1.31.1): run \
-`tools/fetch-onnxruntime.sh` from the ruri repository (it takes libonnxruntime from the \
-`onnxruntime` wheel on PyPI), or set ORT_DYLIB_PATH to a libonnxruntime shared library, or \
-pass its path to the builder's `runtime_path`.";
+const HELP: &str = "ruri needs the ONNX Runtime shared library, 1.22 or newer (tested: \
+1.31.1). Any one of these works:
+  1. The library inside the onnxruntime wheel from PyPI, unpacked where ruri looks by \
+default (~/.cache/ruri/onnxruntime-1.31.1/, or $RURI_CACHE_DIR/onnxruntime-1.31.1/):
+       pip download --no-deps --only-binary=:all: onnxruntime==1.31.1 -d /tmp/ort
+       mkdir -p ~/.cache/ruri/onnxruntime-1.31.1
+       unzip -j /tmp/ort/onnxruntime-1.31.1-*.whl 'onnxruntime/capi/libonnxruntime.so*' \
+-d ~/.cache/ruri/onnxruntime-1.31.1/
+  2. An installed onnxruntime Python package, named by ORT_DYLIB_PATH:
+       export ORT_DYLIB_PATH=$(python3 -c 'import onnxruntime, glob, os; \
+print(glob.glob(os.path.join(os.path.dirname(onnxruntime.__file__), \"capi\", \"libonnxruntime.so*\"))[0])')
+  3. A system libonnxruntime.so (your distribution's package, or ONNX Runtime's release \
+archive) on the loader's path (LD_LIBRARY_PATH), or ORT_DYLIB_PATH set to it.
+  4. In code: the builder's runtime_path(path).";
 
 /// Candidate library paths in search order, each with where it came from.
 fn candidates(explicit: Option<&Path>) -> Vec<(PathBuf, &'static str)> {
@@ -60,7 +72,7 @@ fn candidates(explicit: Option<&Path>) -> Vec<(PathBuf, &'static str)> {
     if let Some(dir) = default_install_dir() {
         found.push((
             dir.join(library_file_name()),
-            "tools/fetch-onnxruntime.sh's folder",
+            "ruri's default folder (~/.cache/ruri/onnxruntime-<version>/)",
         ));
     }
     // Bare name: the dynamic loader searches LD_LIBRARY_PATH and the system folders.

@@ -22,7 +22,10 @@ fn missing_library_explains_how_to_install() {
         message.contains("/nonexistent/libonnxruntime.so.1.31.1"),
         "{message}"
     );
-    assert!(message.contains("tools/fetch-onnxruntime.sh"), "{message}");
+    assert!(
+        message.contains("pip download") && message.contains("ORT_DYLIB_PATH"),
+        "{message}"
+    );
     assert!(message.contains("ORT_DYLIB_PATH"), "{message}");
 }
 

@@ -7,7 +7,8 @@
 //!
 //! * a **compact Unigram model** ([`CompactUnigram`]) in place of the crate's own: the same
 //!   segmentation (ids equal, tested), but loading Ruri's 102,400 pieces takes milliseconds and
-//!   a few MB instead of 0.42–0.53 s and 210–240 MB — most of a cold start. Normalizer,
+//!   a few MB instead of most of a cold start (figures in the repository's BENCHMARKS.md).
+//!   Normalizer,
 //!   pre-tokenizer, added tokens and post-processor remain the `tokenizers` crate's; a
 //!   `tokenizer.json` with another model type (BPE, WordPiece) loads with the crate's model;
 //! * the **prompt** (`"検索クエリ: "`, `"検索文書: "`, …) is prepended to the text as plain
@@ -37,6 +38,7 @@
 //! ```
 
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod batch;
 mod error;

@@ -1,9 +1,8 @@
 //! A compact SentencePiece **Unigram** model for the `tokenizers` pipeline.
 //!
 //! `tokenizers::models::unigram::Unigram` keeps its pieces in a trie of hash maps, one map per
-//! node. For Ruri's 102,400-piece vocabulary that trie takes 0.42–0.53 s to build and 210–240 MB of
-//! memory (measured on the 30m-shaped test model) — most of a Rust process's cold start and
-//! resident set. [`CompactUnigram`] keeps all pieces in one string and indexes every piece
+//! node. For Ruri's 102,400-piece vocabulary that trie takes most of a Rust process's cold start
+//! and resident set to build (figures in the repository's BENCHMARKS.md). [`CompactUnigram`] keeps all pieces in one string and indexes every piece
 //! *prefix* (at character boundaries) in a single open-addressing hash table, which builds in
 //! milliseconds and takes a few MB; it implements [`tokenizers::Model`] with the same Viterbi
 //! search, so normalizer, pre-tokenizer, added tokens and post-processor stay those of the

@@ -556,6 +556,9 @@ def export_variants(out: Path, variants: Path, vocab: int) -> dict:
 
     tiny_normalized_opset14.onnx: like the Teradata exports: legacy TorchScript exporter,
       opset 14, one output "sentence_embedding" = the L2-normalized mean-pooled vector.
+    tiny_normalized_with_tokens.onnx: onnx/model.onnx with an LpNormalization on its
+      sentence_embedding output (token_embeddings unchanged), as ports that bake the
+      normalization into the pooled output only.
     tiny_fp16.onnx: onnx/model.onnx converted to float16 with onnxruntime's
       convert_float_to_float16(keep_io_types=False): float16 outputs, int64 inputs.
     """
@@ -598,6 +601,32 @@ def export_variants(out: Path, variants: Path, vocab: int) -> dict:
           f"max|Δ| vs torch {worst:.2e}")
     assert worst <= 1e-5, worst
     result["normalized_opset14_vs_torch_max_abs_diff"] = worst
+
+    # Both outputs, with the normalization baked into sentence_embedding only (some ports):
+    # the exported graph with an LpNormalization appended to its pooled output.
+    both_path = variants / "tiny_normalized_with_tokens.onnx"
+    g = onnx.load(str(out / "onnx" / "model.onnx"))
+    pooled = next(o for o in g.graph.output if o.name == "sentence_embedding")
+    for node in g.graph.node:
+        node.output[:] = ["sentence_embedding_raw" if x == "sentence_embedding" else x
+                          for x in node.output]
+    g.graph.node.append(onnx.helper.make_node(
+        "LpNormalization", ["sentence_embedding_raw"], ["sentence_embedding"], axis=-1, p=2))
+    del pooled  # the graph output keeps its name, type and shape
+    onnx.save(g, str(both_path))
+    onnx.checker.check_model(str(both_path))
+    sess = ort.InferenceSession(str(both_path), so, providers=["CPUExecutionProvider"])
+    assert [o.name for o in sess.get_outputs()] == ["token_embeddings", "sentence_embedding"]
+    ids, mask = dummy_batch(vocab, [700, 1, 65], seed=210)
+    tok, sent = sess.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
+    assert np.allclose(np.linalg.norm(sent, axis=1), 1.0, atol=1e-5)
+    with torch.no_grad():
+        ref = model(ids, mask).numpy()
+    worst = float(np.max(np.abs(sent - ref)))
+    print(f"  {both_path.name}: token_embeddings + normalized sentence_embedding; "
+          f"max|Δ| vs torch {worst:.2e}")
+    assert worst <= 1e-5, worst
+    result["normalized_with_tokens_vs_torch_max_abs_diff"] = worst
 
     fp16_path = variants / "tiny_fp16.onnx"
     m16 = convert_float_to_float16(onnx.load(str(out / "onnx" / "model.onnx")),

@@ -28,6 +28,24 @@ PROMPTS = {"query": "検索クエリ: ", "document": "検索文書: ", "topic": 
 PAD_ID = 3
 
 
+def int8_isa() -> dict:
+    """The x86 instruction sets ONNX Runtime's int8 kernels are chosen by, from /proc/cpuinfo."""
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    return {
+        "avx512_vnni": "avx512_vnni" in flags,
+        "avx512": {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags,
+        "avx_vnni": "avx_vnni" in flags,
+        "avx2": "avx2" in flags,
+    }
+
+
 def f32_list(v) -> list[float]:
     return [float(x) for x in np.asarray(v, dtype=np.float32)]
 
@@ -240,6 +258,10 @@ def main() -> None:
         "dim": dim,
         # The planted massive-activation channel (tools/testdata/build_model.py).
         "outlier_channel": OUTLIER,
+        # ONNX Runtime's int8 GEMM kernels depend on these (MLAS dispatches on them), so the
+        # ort_int8 vectors are only reproducible to float summation order on a CPU that has
+        # the same ones (ruri_testkit::Reference::int8_kernels_match).
+        "int8_isa": int8_isa(),
         "checks": checks,
         "items": items,
     }

@@ -64,6 +64,11 @@ def make_inputs() -> list[dict]:
     for k, c in enumerate(ws):
         ch = chr(c)
         add(f"strip_u{c:04x}", PROMPT_NAMES[k % 4], ch + SHORT_TEXTS[k % len(SHORT_TEXTS)] + ch)
+    # The same characters with no prompt, so each is also stripped where it leads the whole
+    # string (after a prompt a leading one is inside prompt + text and stays).
+    for k, c in enumerate(ws):
+        ch = chr(c)
+        add(f"strip_u{c:04x}_alone", "", ch + SHORT_TEXTS[(k + 1) % len(SHORT_TEXTS)] + ch)
     # Lookalikes str.strip() keeps, leading and trailing.
     for k, (c, name) in enumerate(LOOKALIKES.items()):
         ch = chr(c)
