@@ -1,7 +1,10 @@
 //! What a request to the server costs over the library itself: sequential keep-alive requests
 //! of one short query against the release `ruri-server` on loopback, next to the library
-//! embedding the same text in a process of its own, alternated over several rounds, each in
-//! fresh processes (the machines are shared and noisy: one run of each is not a measurement).
+//! embedding the same text in a process of its own. The machines are shared and noisy, so one
+//! run of each is not a measurement: every round starts fresh processes (the library's and
+//! each server's), then alternates them in blocks of `--block` calls until each has made
+//! `--requests`, so drift within a round hits every side alike; the summary gives medians over
+//! the rounds with their range.
 //!
 //! ```sh
 //! cargo bench -p ruri-server --bench overhead                        # tiny model, 5 rounds
@@ -10,11 +13,12 @@
 //! tools/bench/serve_overhead.sh                                      # both models
 //! ```
 //!
-//! Flags: `--model DIR` (default: the tiny test model; relative to the workspace root), `--precision fp32|int8`, `--threads N`
-//! (ONNX Runtime intra-op threads, the same for both sides), `--rounds N` (5), `--requests N`
-//! (500 timed per round and side, after `--warmup N`, 50), `--text TEXT`, `--prompt-name NAME`
-//! (`query`), `--server-bin PATH` (repeatable: other server builds measured in the same
-//! rounds, e.g. an older one; default: this build's `ruri-server`).
+//! Flags: `--model DIR` (default: the tiny test model; relative to the workspace root),
+//! `--precision fp32|int8`, `--threads N` (ONNX Runtime intra-op threads, the same for every
+//! side), `--rounds N` (5), `--requests N` (500 timed per round and side, after `--warmup N`,
+//! 50), `--block N` (50), `--text TEXT`, `--prompt-name NAME` (`query`), `--server-bin PATH`
+//! (repeatable: other server builds measured in the same rounds, e.g. an older one; default:
+//! this build's `ruri-server`).
 //!
 //! Without `--bench` (as `cargo test --all-targets` runs it) it makes one short round on the
 //! tiny model, to show it still works.
@@ -22,7 +26,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -39,6 +43,7 @@ struct Options {
     rounds: usize,
     requests: usize,
     warmup: usize,
+    block: usize,
     text: String,
     prompt_name: String,
     servers: Vec<PathBuf>,
@@ -54,6 +59,7 @@ impl Options {
             rounds: if bench { 5 } else { 1 },
             requests: if bench { 500 } else { 20 },
             warmup: if bench { 50 } else { 5 },
+            block: if bench { 50 } else { 10 },
             text: TEXT.into(),
             prompt_name: "query".into(),
             servers: Vec::new(),
@@ -76,6 +82,7 @@ impl Options {
                 "--rounds" => options.rounds = number(value()?)?.max(1),
                 "--requests" => options.requests = number(value()?)?.max(1),
                 "--warmup" => options.warmup = number(value()?)?,
+                "--block" => options.block = number(value()?)?.max(1),
                 "--text" => options.text = value()?,
                 "--prompt-name" => options.prompt_name = value()?,
                 "--server-bin" => options.servers.push(value()?.into()),
@@ -154,7 +161,13 @@ fn main() {
     }
 }
 
-/// Alternates the library and each server over the rounds and prints the medians.
+/// One side of a round: the library's process or a server's.
+trait Side {
+    /// `n` timed calls (library) or requests (server).
+    fn block(&mut self, n: usize) -> Result<Vec<Duration>, String>;
+}
+
+/// Runs the rounds and prints every round and the medians.
 fn drive(options: &Options) -> Result<(), String> {
     let labels: Vec<String> = options
         .servers
@@ -173,53 +186,63 @@ fn drive(options: &Options) -> Result<(), String> {
         })
         .collect();
     println!(
-        "model {} ({} {}threads), text {:?} with prompt {:?}; {} rounds × {} sequential keep-alive requests (after {} warm-up)",
+        "model {} ({}, {} threads), text {:?} with prompt {:?}; {} rounds × {} sequential \
+         keep-alive requests per side (after {} warm-up), alternating in blocks of {}",
         options.model.display(),
         options.precision,
         options
             .threads
-            .map_or_else(|| "default ".to_owned(), |t| format!("{t} ")),
+            .map_or_else(|| "default".to_owned(), |t| t.to_string()),
         options.text,
         options.prompt_name,
         options.rounds,
         options.requests,
-        options.warmup
+        options.warmup,
+        options.block
     );
-    let mut library = Vec::new();
-    let mut servers = vec![Vec::new(); options.servers.len()];
-    let mut health = vec![Vec::new(); options.servers.len()];
-    let mut tokens = None;
+    let sides = 1 + options.servers.len();
+    let mut rounds: Vec<Vec<Round>> = vec![Vec::new(); sides];
+    let mut health: Vec<Vec<Round>> = vec![Vec::new(); options.servers.len()];
+    let mut tokens = 0;
     for round in 0..options.rounds {
-        // Alternate which side goes first, so drift within a round favours neither.
-        let mut order: Vec<Option<usize>> = std::iter::once(None)
-            .chain((0..options.servers.len()).map(Some))
-            .collect();
-        if round % 2 == 1 {
-            order.reverse();
-        }
-        let mut line = format!("round {}:", round + 1);
-        let mut this_library = None;
-        let mut this_servers = vec![None; options.servers.len()];
-        for side in order {
-            match side {
-                None => {
-                    let (round, n) = run_library(options)?;
-                    tokens = Some(n);
-                    this_library = Some(round);
-                }
-                Some(i) => {
-                    let (round, h) = run_server(options, &options.servers[i])?;
-                    this_servers[i] = Some(round);
-                    health[i].push(h);
-                }
+        // Fresh processes every round.
+        let library = LibraryProcess::start(options)?;
+        tokens = library.tokens;
+        let mut servers = options
+            .servers
+            .iter()
+            .map(|binary| ServerProcess::start(options, binary))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut library = library;
+        let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); sides];
+        let blocks = options.requests.div_ceil(options.block);
+        for b in 0..blocks {
+            let n = options.block.min(options.requests - b * options.block);
+            // Rotate which side goes first from block to block.
+            for k in 0..sides {
+                let side = (b + round + k) % sides;
+                let got = if side == 0 {
+                    library.block(n)?
+                } else {
+                    servers[side - 1].block(n)?
+                };
+                samples[side].extend(got);
             }
         }
-        let lib = this_library.expect("every round runs the library");
-        library.push(lib);
-        line += &format!(" library p50 {:.3} p99 {:.3}", lib.p50, lib.p99);
-        for (i, server) in this_servers.into_iter().enumerate() {
-            let server = server.expect("every round runs every server");
-            servers[i].push(server);
+        for (i, server) in servers.iter_mut().enumerate() {
+            health[i].push(Round::of(server.health(options.requests)?));
+        }
+        drop(servers);
+        drop(library);
+        let this: Vec<Round> = samples.into_iter().map(Round::of).collect();
+        let lib = this[0];
+        let mut line = format!(
+            "round {}: library p50 {:.3} p99 {:.3}",
+            round + 1,
+            lib.p50,
+            lib.p99
+        );
+        for (i, server) in this[1..].iter().enumerate() {
             line += &format!(
                 " | {} p50 {:.3} p99 {:.3} (+{:.3})",
                 labels[i],
@@ -229,35 +252,38 @@ fn drive(options: &Options) -> Result<(), String> {
             );
         }
         println!("{line} ms");
+        for (side, round) in this.into_iter().enumerate() {
+            rounds[side].push(round);
+        }
     }
     println!(
-        "medians over {} rounds [min–max], ms ({} tokens with the prompt):",
-        options.rounds,
-        tokens.unwrap_or(0)
+        "medians over {} rounds [min–max], ms ({tokens} tokens with the prompt):",
+        options.rounds
     );
     let p50s = |rounds: &[Round]| rounds.iter().map(|r| r.p50).collect::<Vec<_>>();
     let p99s = |rounds: &[Round]| rounds.iter().map(|r| r.p99).collect::<Vec<_>>();
     println!(
-        "  {:<24} p50 {}   p99 {}",
+        "  {:<28} p50 {}   p99 {}",
         "library",
-        spread(&p50s(&library)),
-        spread(&p99s(&library))
+        spread(&p50s(&rounds[0])),
+        spread(&p99s(&rounds[0]))
     );
     for (i, label) in labels.iter().enumerate() {
-        let overhead: Vec<f64> = servers[i]
+        let server = &rounds[i + 1];
+        let overhead: Vec<f64> = server
             .iter()
-            .zip(&library)
+            .zip(&rounds[0])
             .map(|(s, l)| s.p50 - l.p50)
             .collect();
         println!(
-            "  {:<24} p50 {}   p99 {}   server − library p50 {}",
+            "  {:<28} p50 {}   p99 {}   server − library p50 {}",
             label,
-            spread(&p50s(&servers[i])),
-            spread(&p99s(&servers[i])),
+            spread(&p50s(server)),
+            spread(&p99s(server)),
             spread(&overhead)
         );
         println!(
-            "  {:<24} p50 {}",
+            "  {:<28} p50 {}",
             format!("{label} GET /health"),
             spread(&p50s(&health[i]))
         );
@@ -278,52 +304,80 @@ fn spread(values: &[f64]) -> String {
     format!("{median:.3} [{:.3}–{:.3}]", sorted[0], sorted[n - 1])
 }
 
-/// This program again, as `--library`: a fresh process that loads the model and times the
-/// library on the text. Answers the round and the text's token count.
-fn run_library(options: &Options) -> Result<(Round, usize), String> {
-    let exe = std::env::current_exe().map_err(|e| format!("finding this program: {e}"))?;
-    let mut command = Command::new(exe);
-    command
-        .arg("--library")
-        .args(options.model_flags())
-        .args(["--requests", &options.requests.to_string()])
-        .args(["--warmup", &options.warmup.to_string()])
-        .args([
-            "--text",
-            &options.text,
-            "--prompt-name",
-            &options.prompt_name,
-        ]);
-    let output = command
-        .output()
-        .map_err(|e| format!("running the library child: {e}"))?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    if !output.status.success() {
-        return Err(format!(
-            "the library child failed: {}{}",
-            stdout,
-            String::from_utf8_lossy(&output.stderr)
-        ));
+/// A child process, killed when this goes out of scope, however the round ends.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
-    // `tokens N p50 X p99 Y`
-    let fields: Vec<&str> = stdout.split_whitespace().collect();
-    let field = |name: &str| -> Result<f64, String> {
-        fields
-            .iter()
-            .position(|f| *f == name)
-            .and_then(|i| fields.get(i + 1))
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| format!("the library child printed {stdout:?}"))
-    };
-    Ok((
-        Round {
-            p50: field("p50")?,
-            p99: field("p99")?,
-        },
-        field("tokens")? as usize,
-    ))
 }
 
+/// This program again, as `--library`: a fresh process that loads the model, warms up, and
+/// then times a block of calls each time it reads the block's size on its stdin.
+struct LibraryProcess {
+    _process: Process,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    tokens: usize,
+}
+
+impl LibraryProcess {
+    fn start(options: &Options) -> Result<Self, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("finding this program: {e}"))?;
+        let mut child = Command::new(exe)
+            .arg("--library")
+            .args(options.model_flags())
+            .args(["--warmup", &options.warmup.to_string()])
+            .args(["--text", &options.text])
+            .args(["--prompt-name", &options.prompt_name])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("starting the library child: {e}"))?;
+        let stdin = child.stdin.take().expect("piped above");
+        let mut stdout = BufReader::new(child.stdout.take().expect("piped above"));
+        let child = Process(child);
+        // `ready tokens N`
+        let mut line = String::new();
+        stdout
+            .read_line(&mut line)
+            .map_err(|e| format!("reading the library child: {e}"))?;
+        let tokens = line
+            .strip_prefix("ready tokens ")
+            .and_then(|n| n.trim().parse().ok())
+            .ok_or_else(|| format!("the library child said {line:?}"))?;
+        Ok(LibraryProcess {
+            _process: child,
+            stdin,
+            stdout,
+            tokens,
+        })
+    }
+}
+
+impl Side for LibraryProcess {
+    fn block(&mut self, n: usize) -> Result<Vec<Duration>, String> {
+        writeln!(self.stdin, "{n}").map_err(|e| format!("writing to the library child: {e}"))?;
+        let mut line = String::new();
+        self.stdout
+            .read_line(&mut line)
+            .map_err(|e| format!("reading the library child: {e}"))?;
+        let samples: Vec<Duration> = line
+            .split_whitespace()
+            .map(|ns| ns.parse().map(Duration::from_nanos))
+            .collect::<Result<_, _>>()
+            .map_err(|_| format!("the library child said {line:?}"))?;
+        if samples.len() != n {
+            return Err(format!("the library child said {line:?}"));
+        }
+        Ok(samples)
+    }
+}
+
+/// The `--library` process: the same model through the library, in blocks asked on stdin;
+/// each block's latencies go to stdout in nanoseconds, one line per block.
 fn library_child(options: &Options) {
     let mut builder = ruri::ort::builder().precision(match options.precision.as_str() {
         "int8" => ruri::ort::Precision::Int8,
@@ -349,109 +403,120 @@ fn library_child(options: &Options) {
             .embed_with(&texts, &embed_options)
             .expect("embedding");
     }
-    let samples = (0..options.requests)
-        .map(|_| {
-            let started = Instant::now();
-            let vectors = embedder
-                .embed_with(&texts, &embed_options)
-                .expect("embedding");
-            let elapsed = started.elapsed();
-            std::hint::black_box(vectors);
-            elapsed
-        })
-        .collect();
-    let round = Round::of(samples);
-    println!("tokens {tokens} p50 {} p99 {}", round.p50, round.p99);
-}
-
-/// Kills the server when the round ends, however it ends.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+    println!("ready tokens {tokens}");
+    for line in std::io::stdin().lock().lines().map_while(Result::ok) {
+        let Ok(n) = line.trim().parse::<usize>() else {
+            return;
+        };
+        let samples: Vec<String> = (0..n)
+            .map(|_| {
+                let started = Instant::now();
+                let vectors = embedder
+                    .embed_with(&texts, &embed_options)
+                    .expect("embedding");
+                let elapsed = started.elapsed();
+                std::hint::black_box(vectors);
+                elapsed.as_nanos().to_string()
+            })
+            .collect();
+        println!("{}", samples.join(" "));
     }
 }
 
-/// A fresh server process: waits for `/ready`, then times the requests on one keep-alive
-/// connection, then `GET /health` on it.
-fn run_server(options: &Options, binary: &PathBuf) -> Result<(Round, Round), String> {
-    let mut child = Command::new(binary)
-        .args(["--addr", "127.0.0.1:0"])
-        .args(options.model_flags())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("starting {}: {e}", binary.display()))?;
-    let stderr = child.stderr.take().expect("piped above");
-    let server = Server(child);
-    // Read stderr all along (a full pipe would block the server's logging); the address comes
-    // from its first line.
-    let (addresses, address) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut addresses = Some(addresses);
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                let addr = rest.split(';').next().unwrap_or_default().trim().to_owned();
-                if let Some(sender) = addresses.take() {
-                    let _ = sender.send(addr);
+/// A fresh server process, ready and warmed up, with one keep-alive connection to it.
+struct ServerProcess {
+    _process: Process,
+    client: Client,
+    body: Vec<u8>,
+}
+
+impl ServerProcess {
+    fn start(options: &Options, binary: &PathBuf) -> Result<Self, String> {
+        let mut child = Command::new(binary)
+            .args(["--addr", "127.0.0.1:0"])
+            .args(options.model_flags())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("starting {}: {e}", binary.display()))?;
+        let stderr = child.stderr.take().expect("piped above");
+        let process = Process(child);
+        // Read stderr all along (a full pipe would block the server's logging); the address
+        // comes from its first line.
+        let (addresses, address) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut addresses = Some(addresses);
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("listening on http://").nth(1) {
+                    let addr = rest.split(';').next().unwrap_or_default().trim().to_owned();
+                    if let Some(sender) = addresses.take() {
+                        let _ = sender.send(addr);
+                    }
+                } else if line.starts_with("error") {
+                    eprintln!("server: {line}");
                 }
-            } else if line.starts_with("error") {
-                eprintln!("server: {line}");
             }
+        });
+        let addr: SocketAddr = address
+            .recv_timeout(Duration::from_secs(30))
+            .map_err(|_| format!("{} did not say where it listens", binary.display()))?
+            .parse()
+            .map_err(|e| format!("the server's address: {e}"))?;
+        let mut server = ServerProcess {
+            _process: process,
+            client: Client::connect(addr)?,
+            body: serde_json::to_vec(&serde_json::json!({
+                "input": options.text,
+                "prompt_name": options.prompt_name,
+            }))
+            .expect("serializing a JSON value cannot fail"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while server.client.get("/ready")?.0 != 200 {
+            if Instant::now() > deadline {
+                return Err(format!("{} was not ready within 120 s", binary.display()));
+            }
+            std::thread::sleep(Duration::from_millis(5));
         }
-    });
-    let addr: SocketAddr = address
-        .recv_timeout(Duration::from_secs(30))
-        .map_err(|_| format!("{} did not say where it listens", binary.display()))?
-        .parse()
-        .map_err(|e| format!("the server's address: {e}"))?;
+        let (status, answer) = server.client.post("/v1/embeddings", &server.body)?;
+        let answer: serde_json::Value = serde_json::from_slice(&answer)
+            .map_err(|e| format!("the server's answer is not JSON: {e}"))?;
+        if status != 200 || !answer["data"][0]["embedding"].is_array() {
+            return Err(format!("the server answered {status}: {answer}"));
+        }
+        for _ in 0..options.warmup {
+            server.client.post("/v1/embeddings", &server.body)?;
+        }
+        Ok(server)
+    }
 
-    let mut client = Client::connect(addr)?;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let (status, _) = client.get("/ready")?;
-        if status == 200 {
-            break;
-        }
-        if Instant::now() > deadline {
-            return Err(format!("{} was not ready within 120 s", binary.display()));
-        }
-        std::thread::sleep(Duration::from_millis(5));
+    /// `n` timed `GET /health`: what HTTP alone costs.
+    fn health(&mut self, n: usize) -> Result<Vec<Duration>, String> {
+        (0..n)
+            .map(|_| {
+                let started = Instant::now();
+                self.client.get("/health")?;
+                Ok(started.elapsed())
+            })
+            .collect()
     }
-    let body = serde_json::to_vec(&serde_json::json!({
-        "input": options.text,
-        "prompt_name": options.prompt_name,
-    }))
-    .expect("serializing a JSON value cannot fail");
-    let (status, answer) = client.post("/v1/embeddings", &body)?;
-    let answer: serde_json::Value = serde_json::from_slice(&answer)
-        .map_err(|e| format!("the server's answer is not JSON: {e}"))?;
-    if status != 200 || !answer["data"][0]["embedding"].is_array() {
-        return Err(format!("the server answered {status}: {answer}"));
+}
+
+impl Side for ServerProcess {
+    fn block(&mut self, n: usize) -> Result<Vec<Duration>, String> {
+        (0..n)
+            .map(|_| {
+                let started = Instant::now();
+                let (status, _) = self.client.post("/v1/embeddings", &self.body)?;
+                let elapsed = started.elapsed();
+                if status != 200 {
+                    return Err(format!("the server answered {status}"));
+                }
+                Ok(elapsed)
+            })
+            .collect()
     }
-    for _ in 0..options.warmup {
-        client.post("/v1/embeddings", &body)?;
-    }
-    let mut samples = Vec::with_capacity(options.requests);
-    for _ in 0..options.requests {
-        let started = Instant::now();
-        let (status, _) = client.post("/v1/embeddings", &body)?;
-        samples.push(started.elapsed());
-        if status != 200 {
-            return Err(format!("the server answered {status}"));
-        }
-    }
-    let mut health = Vec::with_capacity(options.requests);
-    for _ in 0..options.requests {
-        let started = Instant::now();
-        client.get("/health")?;
-        health.push(started.elapsed());
-    }
-    drop(server);
-    Ok((Round::of(samples), Round::of(health)))
 }
 
 /// HTTP/1.1 on one keep-alive connection, as little as can be: the client's own cost must

@@ -28,8 +28,9 @@
 //!   blocks an async worker.
 //! * **Small requests stay on the async worker**: tokenizing a short query and serializing
 //!   one vector take microseconds, less than a round trip through tokio's blocking pool (two
-//!   thread wake-ups, each a context switch on a busy machine). Requests past a few KiB of
-//!   text or a few thousand floats go to the blocking pool, so no worker stalls on them.
+//!   thread wake-ups, each a context switch on a busy machine). Requests past 1 KiB of text or
+//!   2,048 values in the answer go to the blocking pool, so no worker stalls on them. A request
+//!   alone in its backend call gets the call's buffer itself, not a copy.
 //! * The server listens **before** the model is loaded: a platform sees a live container at
 //!   once, and a busy port fails at once.
 //!

@@ -170,6 +170,18 @@ async fn not_found(request: Request) -> Response {
     .into_response(Flavor::Tei)
 }
 
+/// Requests with at most this much text (all inputs together, in bytes) are tokenized on the
+/// async worker that parsed them, since the hop to the blocking pool and back (two thread
+/// wake-ups) costs more than the work: with the 102,400-piece tokenizer, a 22-token query
+/// (111 bytes) takes 13 µs and 1 KiB 74 µs (4 KiB: 264 µs). Larger requests go to the blocking
+/// pool, so that no worker stalls on them.
+const INLINE_TEXT_BYTES: usize = 1024;
+
+/// Answers of at most this many values (8 vectors of 256 dimensions) are cut, normalized and
+/// serialized on the async worker, for the same reason: JSON float formatting of 2,048 values
+/// takes 55 µs (256: 6 µs). Larger ones go to the blocking pool.
+const INLINE_VALUES: usize = 2 * 1024;
+
 /// One embedding request, whichever API it came through.
 struct Work {
     texts: Vec<String>,
@@ -177,6 +189,47 @@ struct Work {
     truncate: bool,
     normalize: bool,
     dimensions: Option<usize>,
+}
+
+/// A request's raw rows back from the model thread (`n × full_dim`), with what the answer
+/// needs done to them.
+struct Embedded {
+    raw: Vec<f32>,
+    full_dim: usize,
+    dim: usize,
+    normalize: bool,
+    tokens: usize,
+}
+
+impl Embedded {
+    /// Whether finishing and serializing this answer is small work, for the async worker.
+    fn is_small(&self) -> bool {
+        self.raw.len() <= INLINE_VALUES
+    }
+
+    /// Rows ready to serialize: cut to `dim` values, then normalized if asked (so a cut
+    /// vector is unit length again, as OpenAI's `dimensions`).
+    fn finish(self) -> Done {
+        let Embedded {
+            raw,
+            full_dim,
+            dim,
+            normalize,
+            tokens,
+        } = self;
+        let mut rows = if dim == full_dim {
+            raw
+        } else {
+            raw.chunks_exact(full_dim)
+                .flat_map(|row| &row[..dim])
+                .copied()
+                .collect()
+        };
+        if normalize {
+            rows.chunks_exact_mut(dim).for_each(ruri::l2_normalize);
+        }
+        Done { rows, dim, tokens }
+    }
 }
 
 /// Vectors ready to serialize: `rows` is `n × dim`, normalized if asked.
@@ -208,10 +261,10 @@ async fn openai_inner(
         normalize: true,
         dimensions: request.dimensions,
     };
-    let app = app.clone();
-    let done = embed(&app, work).await?;
+    let embedded = embed(app, work).await?;
     let model = app.shared.config.model_name.clone();
-    blocking(move || {
+    run_cpu(embedded.is_small(), move || {
+        let done = embedded.finish();
         let data = done
             .rows
             .chunks_exact(done.dim)
@@ -259,8 +312,9 @@ async fn tei_inner(app: &App, body: Result<Bytes, BytesRejection>) -> Result<Res
         normalize: request.normalize,
         dimensions: request.dimensions,
     };
-    let done = embed(app, work).await?;
-    blocking(move || {
+    let embedded = embed(app, work).await?;
+    run_cpu(embedded.is_small(), move || {
+        let done = embedded.finish();
         let rows: Vec<&[f32]> = done.rows.chunks_exact(done.dim).collect();
         json_response(&rows)
     })
@@ -279,10 +333,14 @@ fn base64_f32_le(row: &[f32]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
-/// Runs CPU work on the blocking pool, off the async workers.
-async fn blocking<T: Send + 'static>(
+/// Runs CPU work here when it is `small`, else on the blocking pool, off the async workers.
+async fn run_cpu<T: Send + 'static>(
+    small: bool,
     work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
+    if small {
+        return work();
+    }
     tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
         Err(ApiError::new(
             ErrorKind::Backend,
@@ -291,8 +349,8 @@ async fn blocking<T: Send + 'static>(
     })
 }
 
-/// Validates, tokenizes, queues and waits; then normalizes and cuts dimensions.
-async fn embed(app: &App, work: Work) -> Result<Done, ApiError> {
+/// Validates, tokenizes, queues and waits for the model thread's rows.
+async fn embed(app: &App, work: Work) -> Result<Embedded, ApiError> {
     let shared = &app.shared;
     let engine = match shared.model.get() {
         None => {
@@ -362,11 +420,11 @@ async fn embed(app: &App, work: Work) -> Result<Done, ApiError> {
         )
         .param("normalize"));
     }
-    let whitespace = engine.whitespace();
     let texts = work.texts;
+    let small = texts.iter().map(String::len).sum::<usize>() <= INLINE_TEXT_BYTES;
     let tokenizer_engine = Arc::clone(&engine);
-    let encodings = blocking(move || {
-        let tokenizer = tokenizer_engine.tokenizer();
+    let encodings = run_cpu(small, move || {
+        let (tokenizer, whitespace) = (tokenizer_engine.tokenizer(), tokenizer_engine.whitespace());
         texts
             .iter()
             .enumerate()
@@ -410,22 +468,11 @@ async fn embed(app: &App, work: Work) -> Result<Done, ApiError> {
         .await
         .map_err(|_| ApiError::new(ErrorKind::Backend, "the model worker dropped the request"))?
         .map_err(|message| ApiError::new(ErrorKind::Backend, message))?;
-
-    let normalize = work.normalize;
-    blocking(move || {
-        let rows = if dim == full_dim {
-            raw
-        } else {
-            raw.chunks_exact(full_dim)
-                .flat_map(|row| &row[..dim])
-                .copied()
-                .collect()
-        };
-        let mut rows = rows;
-        if normalize {
-            rows.chunks_exact_mut(dim).for_each(ruri::l2_normalize);
-        }
-        Ok(Done { rows, dim, tokens })
+    Ok(Embedded {
+        raw,
+        full_dim,
+        dim,
+        normalize: work.normalize,
+        tokens,
     })
-    .await
 }

@@ -803,6 +803,36 @@ async fn malformed_requests_get_json_errors() {
     assert_eq!(server.get("/health").await.status, StatusCode::OK);
 }
 
+/// Small requests are tokenized and answered on the async worker, large ones on the blocking
+/// pool (past 1 KiB of text, past 2,048 values in the answer): both give the library's vectors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_requests_give_the_same_vectors_as_small_ones() {
+    let server = ready_server(Config::default()).await;
+    let library = tiny();
+    // 100 texts, ≈ 9 KB of text and 6,400 values in the answer.
+    let texts = client_texts(7, 0, 100);
+    assert!(texts.iter().map(String::len).sum::<usize>() > 1024);
+    let expected = library_vectors(&library, &texts);
+    let openai = openai_vectors(
+        &server
+            .post("/v1/embeddings", &json!({"input": texts}))
+            .await,
+    );
+    let tei = tei_vectors(&server.post("/embed", &json!({"inputs": texts})).await);
+    assert_eq!((openai.len(), tei.len()), (100, 100));
+    for (k, e) in expected.iter().enumerate() {
+        assert_close(&openai[k], e, SAME_MODEL, &format!("OpenAI text {k}"));
+        assert_close(&tei[k], e, SAME_MODEL, &format!("TEI text {k}"));
+        // The same text alone takes the small path.
+        let alone = &openai_vectors(
+            &server
+                .post("/v1/embeddings", &json!({"input": texts[k]}))
+                .await,
+        )[0];
+        assert_close(alone, e, SAME_MODEL, &format!("text {k} alone"));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_clients_each_get_the_vectors_of_their_own_inputs() {
     const CLIENTS: usize = 32;

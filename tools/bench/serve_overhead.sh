@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # What one request to ruri-server costs over the library: sequential keep-alive requests of one
 # short query against the release server on loopback, next to the library embedding the same
-# text, alternated over ROUNDS rounds, each side in a fresh process; prints both sides' p50 and
-# p99 per round, then their medians with the range (ruri-server/benches/overhead.rs).
+# text. Each of ROUNDS rounds starts fresh processes (library and server) and alternates them in
+# blocks of 50 calls; prints both sides' p50 and p99 per round, then their medians with the range
+# (ruri-server/benches/overhead.rs).
 #
 #   tools/bench/serve_overhead.sh                 # tiny model, then the 30m-shape int8 one
 #   ROUNDS=7 REQUESTS=1000 tools/bench/serve_overhead.sh
