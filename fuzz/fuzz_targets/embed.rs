@@ -10,7 +10,7 @@ use ruri_core::TextEmbedder;
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use ruri_core::{BatchOptions, EmbedOptions, Embedder, Error, Truncation};
+use ruri_core::{BatchOptions, EmbedOptions, Error, Truncation};
 use ruri_fuzz::{Request, tiny_model_dir};
 
 /// fp32 batch against alone: float summation order only (≈3e-7 seen in the property tests).
