@@ -3,7 +3,7 @@
 # short query against the release server on loopback, next to the library embedding the same
 # text. Each of ROUNDS rounds starts fresh processes (library and server) and alternates them in
 # blocks of 50 calls; prints both sides' p50 and p99 per round, then their medians with the range
-# (ruri-server/benches/overhead.rs).
+# (ruri-server/benches/serve.rs).
 #
 #   tools/bench/serve_overhead.sh                 # tiny model, then the 30m-shape int8 one
 #   ROUNDS=7 REQUESTS=1000 tools/bench/serve_overhead.sh
@@ -23,10 +23,10 @@ SHAPE=$(absolute "${SHAPE:-testdata/generated/ruri-v3-30m-shape}")
 
 tools/fetch-onnxruntime.sh >/dev/null
 # The bench's build also builds the release ruri-server it starts (CARGO_BIN_EXE_ruri-server).
-nice -n 10 cargo bench --quiet -p ruri-server --bench overhead --no-run
+nice -n 10 cargo bench --quiet -p ruri-server --bench serve --no-run
 
 bench() {
-    cargo bench --quiet -p ruri-server --bench overhead -- \
+    cargo bench --quiet -p ruri-server --bench serve -- \
         --rounds "$ROUNDS" --requests "$REQUESTS" "$@"
 }
 

@@ -1,16 +1,23 @@
-//! What a request to the server costs over the library itself: sequential keep-alive requests
-//! of one short query against the release `ruri-server` on loopback, next to the library
-//! embedding the same text in a process of its own. The machines are shared and noisy, so one
-//! run of each is not a measurement: every round starts fresh processes (the library's and
-//! each server's), then alternates them in blocks of `--block` calls until each has made
-//! `--requests`, so drift within a round hits every side alike; the summary gives medians over
-//! the rounds with their range.
+//! The server over loopback, two ways.
+//!
+//! **What a request costs over the library** (the default): sequential keep-alive requests of
+//! one short query against the release `ruri-server`, next to the library embedding the same
+//! text in a process of its own. The machines are shared and noisy, so one run of each is not
+//! a measurement: every round starts fresh processes (the library's and each server's), then
+//! alternates them in blocks of `--block` calls until each has made `--requests`, so drift
+//! within a round hits every side alike; the summary gives medians over the rounds with their
+//! range.
+//!
+//! **Under load** (`--load N`): N keep-alive connections, each sending the query again as soon
+//! as it has its answer, for `--seconds`; answers per second, errors, p50/p99 latency and the
+//! server's peak resident memory (VmHWM), per round.
 //!
 //! ```sh
-//! cargo bench -p ruri-server --bench overhead                        # tiny model, 5 rounds
-//! cargo bench -p ruri-server --bench overhead -- \
+//! cargo bench -p ruri-server --bench serve                        # tiny model, 5 rounds
+//! cargo bench -p ruri-server --bench serve -- \
 //!     --model testdata/generated/ruri-v3-30m-shape --precision int8
-//! tools/bench/serve_overhead.sh                                      # both models
+//! cargo bench -p ruri-server --bench serve -- --load 32 --seconds 20 --rounds 1
+//! tools/bench/serve_overhead.sh; tools/bench/serve_load.sh       # both models
 //! ```
 //!
 //! Flags: `--model DIR` (default: the tiny test model; relative to the workspace root),
@@ -18,7 +25,7 @@
 //! side), `--rounds N` (5), `--requests N` (500 timed per round and side, after `--warmup N`,
 //! 50), `--block N` (50), `--text TEXT`, `--prompt-name NAME` (`query`), `--server-bin PATH`
 //! (repeatable: other server builds measured in the same rounds, e.g. an older one; default:
-//! this build's `ruri-server`).
+//! this build's `ruri-server`), `--load N` and `--seconds S` (20).
 //!
 //! Without `--bench` (as `cargo test --all-targets` runs it) it makes one short round on the
 //! tiny model, to show it still works.
@@ -47,6 +54,8 @@ struct Options {
     text: String,
     prompt_name: String,
     servers: Vec<PathBuf>,
+    load: Option<usize>,
+    seconds: u64,
 }
 
 impl Options {
@@ -63,6 +72,8 @@ impl Options {
             text: TEXT.into(),
             prompt_name: "query".into(),
             servers: Vec::new(),
+            load: None,
+            seconds: 20,
         };
         let mut args = args.iter();
         while let Some(flag) = args.next() {
@@ -85,7 +96,11 @@ impl Options {
                 "--block" => options.block = number(value()?)?.max(1),
                 "--text" => options.text = value()?,
                 "--prompt-name" => options.prompt_name = value()?,
-                "--server-bin" => options.servers.push(value()?.into()),
+                "--server-bin" => options
+                    .servers
+                    .push(ruri_testkit::repo_root().join(value()?)),
+                "--load" => options.load = Some(number(value()?)?.max(1)),
+                "--seconds" => options.seconds = number(value()?)?.max(1) as u64,
                 other if other.starts_with("--") => return Err(format!("unknown flag {other}")),
                 // cargo bench passes a filter; there is one benchmark.
                 _ => {}
@@ -150,12 +165,16 @@ fn main() {
     }
     if !options.model.join("config.json").is_file() {
         println!(
-            "overhead: no model at {} (tools/testdata/generate.sh makes the test models); nothing measured",
+            "serve bench: no model at {} (tools/testdata/generate.sh makes the test models); nothing measured",
             options.model.display()
         );
         return;
     }
-    if let Err(message) = drive(&options) {
+    let result = match options.load {
+        Some(connections) => load(&options, connections),
+        None => drive(&options),
+    };
+    if let Err(message) = result {
         eprintln!("error: {message}");
         std::process::exit(1);
     }
@@ -289,6 +308,111 @@ fn drive(options: &Options) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// `connections` clients at once against each server, `--rounds` times, each in a fresh
+/// server process.
+fn load(options: &Options, connections: usize) -> Result<(), String> {
+    println!(
+        "model {} ({}, {} threads), text {:?} with prompt {:?}; {connections} keep-alive \
+         connections for {} s, {} rounds",
+        options.model.display(),
+        options.precision,
+        options
+            .threads
+            .map_or_else(|| "default".to_owned(), |t| t.to_string()),
+        options.text,
+        options.prompt_name,
+        options.seconds,
+        options.rounds
+    );
+    for round in 0..options.rounds {
+        for binary in &options.servers {
+            let mut server = ServerProcess::start(options, binary)?;
+            let addr = server
+                .client
+                .stream
+                .peer_addr()
+                .map_err(|e| e.to_string())?;
+            let pid = server.process.0.id();
+            let deadline = Instant::now() + Duration::from_secs(options.seconds);
+            let started = Instant::now();
+            let clients: Vec<_> = (0..connections)
+                .map(|_| {
+                    let body = server.body.clone();
+                    std::thread::spawn(move || load_client(addr, &body, deadline))
+                })
+                .collect();
+            let mut samples = Vec::new();
+            let mut errors = 0;
+            for client in clients {
+                let (latencies, failed) = client.join().map_err(|_| "a client panicked")?;
+                samples.extend(latencies);
+                errors += failed;
+            }
+            let elapsed = started.elapsed().as_secs_f64();
+            let peak = std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .ok()
+                .and_then(|status| {
+                    status
+                        .lines()
+                        .find_map(|l| l.strip_prefix("VmHWM:"))
+                        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+                })
+                .map_or_else(|| "?".to_owned(), |kb| format!("{:.0}", kb / 1024.0));
+            let answered = samples.len();
+            let merging = server.merging()?;
+            let latency = Round::of(if samples.is_empty() {
+                vec![Duration::ZERO]
+            } else {
+                samples
+            });
+            println!(
+                "round {}: {}: {answered} answers in {elapsed:.1} s = {:.0} req/s, {errors} errors, \
+                 p50 {:.1} ms, p99 {:.1} ms, peak RSS {peak} MB; {merging}",
+                round + 1,
+                binary.file_name().map_or_else(
+                    || binary.display().to_string(),
+                    |n| n.to_string_lossy().into_owned()
+                ),
+                answered as f64 / elapsed,
+                latency.p50,
+                latency.p99
+            );
+        }
+    }
+    Ok(())
+}
+
+/// One connection's requests until `deadline`: the latencies of the 200s, and how many
+/// requests failed (another status, or a broken connection, after which it reconnects).
+fn load_client(addr: SocketAddr, body: &[u8], deadline: Instant) -> (Vec<Duration>, usize) {
+    let mut latencies = Vec::new();
+    let mut errors = 0;
+    let mut client = None;
+    while Instant::now() < deadline {
+        let connection = match client.as_mut() {
+            Some(connection) => connection,
+            None => match Client::connect(addr) {
+                Ok(connection) => client.insert(connection),
+                Err(_) => {
+                    errors += 1;
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+            },
+        };
+        let started = Instant::now();
+        match connection.post("/v1/embeddings", body) {
+            Ok((200, _)) => latencies.push(started.elapsed()),
+            Ok(_) => errors += 1,
+            Err(_) => {
+                errors += 1;
+                client = None;
+            }
+        }
+    }
+    (latencies, errors)
 }
 
 /// `median [min–max]` with three decimals.
@@ -425,7 +549,7 @@ fn library_child(options: &Options) {
 
 /// A fresh server process, ready and warmed up, with one keep-alive connection to it.
 struct ServerProcess {
-    _process: Process,
+    process: Process,
     client: Client,
     body: Vec<u8>,
 }
@@ -464,7 +588,7 @@ impl ServerProcess {
             .parse()
             .map_err(|e| format!("the server's address: {e}"))?;
         let mut server = ServerProcess {
-            _process: process,
+            process,
             client: Client::connect(addr)?,
             body: serde_json::to_vec(&serde_json::json!({
                 "input": options.text,
@@ -489,6 +613,27 @@ impl ServerProcess {
             server.client.post("/v1/embeddings", &server.body)?;
         }
         Ok(server)
+    }
+
+    /// How the model thread merged requests, from `/metrics`: backend calls, requests per
+    /// call, time per call.
+    fn merging(&mut self) -> Result<String, String> {
+        let (_, text) = self.client.get("/metrics")?;
+        let text = String::from_utf8_lossy(&text);
+        let value = |name: &str| {
+            text.lines()
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(f64::NAN)
+        };
+        let calls = value("ruri_batch_requests_count");
+        Ok(format!(
+            "{calls:.0} backend calls, {:.1} requests and {:.1} ms each",
+            value("ruri_batch_requests_sum") / calls,
+            value("ruri_inference_duration_seconds_sum")
+                / value("ruri_inference_duration_seconds_count")
+                * 1e3
+        ))
     }
 
     /// `n` timed `GET /health`: what HTTP alone costs.
