@@ -40,6 +40,7 @@ pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
     /// ONNX Runtime intra-op threads (default: ONNX Runtime's choice, one per physical core).
+    /// On cores shared with other work, 1 avoids its pool threads spinning between operators.
     #[arg(long, env = "RURI_THREADS")]
     pub threads: Option<usize>,
     /// ONNX Runtime sessions running one call's batches at once (default 1). More sessions

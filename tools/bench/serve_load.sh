@@ -21,8 +21,11 @@ TINY=$(absolute "${TINY:-testdata/tiny}")
 tools/fetch-onnxruntime.sh >/dev/null
 nice -n 10 cargo bench --quiet -p ruri-server --bench serve --no-run
 
-if [[ -d $SHAPE ]]; then
+if [[ -f $SHAPE/onnx/model_quantized.onnx ]]; then
     model=(--model "$SHAPE" --precision int8)
+elif [[ -d $SHAPE ]]; then
+    echo "== no int8 file in $SHAPE/onnx: fp32"
+    model=(--model "$SHAPE" --precision fp32)
 else
     echo "== no 30m-shape model at $SHAPE (tools/testdata/generate.sh 30m): the tiny model"
     model=(--model "$TINY" --precision fp32)

@@ -32,9 +32,12 @@ bench() {
 
 echo "== tiny test model, ort fp32"
 bench --model "$TINY" --precision fp32 "$@"
-if [[ -d $SHAPE ]]; then
+if [[ -f $SHAPE/onnx/model_quantized.onnx ]]; then
     echo "== 30m-shape model, ort int8"
     bench --model "$SHAPE" --precision int8 "$@"
+elif [[ -d $SHAPE ]]; then
+    echo "== 30m-shape model, ort fp32 (no int8 file in $SHAPE/onnx)"
+    bench --model "$SHAPE" --precision fp32 "$@"
 else
     echo "== no 30m-shape model at $SHAPE (tools/testdata/generate.sh 30m): tiny only"
 fi
