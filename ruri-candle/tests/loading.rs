@@ -5,7 +5,6 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::Tensor;
-use ruri_candle::{DType, Device};
 use ruri_core::Error;
 use ruri_testkit::{copy_model, tiny_model_dir};
 
@@ -125,8 +124,8 @@ fn bad_batching_is_invalid_option() {
 #[test]
 fn cuda_without_feature_is_invalid_option() {
     let result = ruri_candle::builder()
-        .device(Device::Cuda(0))
-        .dtype(DType::BF16)
+        .device(ruri_candle::Device::Cuda(0))
+        .dtype(ruri_candle::DType::BF16)
         .build_from_dir(tiny_model_dir());
     match result {
         Err(Error::InvalidOption {
