@@ -38,11 +38,11 @@ build_s=$((SECONDS - started))
 
 rm -rf "$bundle" "$bin"
 mkdir -p "$bundle" "$bin"
-"$python" - "$bin" <"$artifacts" <<'EOF'
+"$python" - "$artifacts" "$bin" <<'EOF'
 import json, os, shutil, sys
-dest, wanted = sys.argv[1], {"parity", "gpu_bench"}
-found = set()
-for line in sys.stdin:
+artifacts, dest = sys.argv[1], sys.argv[2]
+wanted, found = {"parity", "gpu_bench"}, set()
+for line in open(artifacts, encoding="utf-8"):
     try:
         m = json.loads(line)
     except ValueError:

@@ -8,7 +8,7 @@
 #
 # Further options go to gpu_bench (--dtypes, --budgets, --texts, --seconds, --shape, --model;
 # see ruri-candle/examples/gpu_bench/main.rs). Stopped after 7 min 50 s whatever happens: the
-# GPU defaults take about 3 min on an H100-class card (not yet measured on one).
+# GPU defaults are sized for about 3 min (an estimate: no GPU has run them yet).
 #
 # Needs the bundle (target-cuda/bundle/bin.tar.gz, or RURI_CUDA_BUNDLE) and testdata/ of this
 # checkout; unpacks the binaries into a temporary folder for the run.
