@@ -229,6 +229,28 @@ impl TextEmbedder {
 
     /// Runs already-tokenized texts: sort, batch, infer, pool, normalize, restore order.
     pub fn embed_encodings(&self, encodings: &[Encoding], normalize: bool) -> Result<Embeddings> {
+        self.run_encodings(encodings, normalize, &self.batching)
+    }
+
+    /// [`TextEmbedder::embed_encodings`] under other batch limits for this call only (e.g.
+    /// a caller's per-call batch size, as sentence-transformers' `encode(batch_size=…)`).
+    /// Invalid limits are [`Error::InvalidOption`].
+    pub fn embed_encodings_with_batching(
+        &self,
+        encodings: &[Encoding],
+        normalize: bool,
+        batching: &BatchOptions,
+    ) -> Result<Embeddings> {
+        batching.validate()?;
+        self.run_encodings(encodings, normalize, batching)
+    }
+
+    fn run_encodings(
+        &self,
+        encodings: &[Encoding],
+        normalize: bool,
+        batching: &BatchOptions,
+    ) -> Result<Embeddings> {
         if !normalize && self.backend.output_is_normalized() {
             return Err(Error::InvalidOption {
                 name: "normalize",
@@ -247,7 +269,7 @@ impl TextEmbedder {
         order.sort_by_key(|&i| Reverse(encodings[i].len()));
         let sorted_lengths: Vec<usize> = order.iter().map(|&i| encodings[i].len()).collect();
 
-        let plan = plan_batches(&sorted_lengths, &self.batching);
+        let plan = plan_batches(&sorted_lengths, batching);
         let members = |k: usize| &order[plan[k].clone()];
         let mut data = vec![0.0f32; n * dim];
         let mut scatter = |k: usize, rows: &[f32]| {

@@ -386,6 +386,49 @@ fn zero_batch_limits_are_refused() {
     }
 }
 
+/// Per-call batch limits (sentence-transformers' `encode(batch_size=…)` in the Python package)
+/// apply to that call only, give the same vectors, and are validated like the builder's.
+#[test]
+fn per_call_batching_overrides_the_embedders_for_that_call_only() {
+    let p = pipeline(BatchOptions::default(), false);
+    let texts: Vec<String> = (0..10).map(|i| "瑠璃".repeat(i + 1)).collect();
+    let options = EmbedOptions::new(Task::None);
+    let encodings = p.encode(&texts, &options).unwrap();
+    let batches = || {
+        std::mem::take(
+            &mut *p
+                .backend_as::<FakeBackend>()
+                .unwrap()
+                .batches
+                .lock()
+                .unwrap(),
+        )
+    };
+    let default = p.embed_encodings(&encodings, true).unwrap();
+    assert_eq!(batches().len(), 1, "10 short texts fit one default batch");
+    let small = BatchOptions::default().max_batch_size(3);
+    let three = p
+        .embed_encodings_with_batching(&encodings, true, &small)
+        .unwrap();
+    let sizes: Vec<usize> = batches().iter().map(|b| b.0).collect();
+    assert_eq!(sizes, [3, 3, 3, 1]);
+    assert_eq!(three, default);
+    p.embed_encodings(&encodings, true).unwrap();
+    assert_eq!(
+        batches().len(),
+        1,
+        "the embedder's own limits are unchanged"
+    );
+    let zero = BatchOptions::default().max_batch_size(0);
+    assert!(matches!(
+        p.embed_encodings_with_batching(&encodings, true, &zero),
+        Err(Error::InvalidOption {
+            name: "max_batch_size",
+            ..
+        })
+    ));
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
