@@ -7,7 +7,7 @@
 //! `cargo test --test parity -- --nocapture`.
 
 use ruri::candle::{DType, Device, LocalAttention};
-use ruri::ort::Precision;
+use ruri::ort::{Graph, Precision};
 use ruri::{BatchOptions, EmbedOptions, Embedder, Task};
 use ruri_testkit::{Agreement, Item, Reference, Vectors, tiny_model_dir};
 
@@ -135,14 +135,72 @@ struct Case {
     batched: &'static [&'static Tolerance],
 }
 
+/// The folder's ONNX file for the precision.
 fn ort(precision: Precision, batching: BatchOptions) -> Box<dyn Embedder> {
     let embedder = ruri::ort::builder()
+        .graph(Graph::OnnxFile)
         .precision(precision)
         .batching(batching)
         .build_from_dir(tiny_model_dir())
         .unwrap_or_else(|e| panic!("building ort {precision:?}: {e:?}"));
     Box::new(embedder)
 }
+
+/// ruri's fused graph from model.safetensors; `long` sends batches over that many tokens to
+/// the long-text graph (0: all of them).
+fn fused(precision: Precision, batching: BatchOptions, long: Option<usize>) -> Box<dyn Embedder> {
+    let mut builder = ruri::ort::builder()
+        .graph(Graph::Fused)
+        .precision(precision)
+        .batching(batching);
+    if let Some(tokens) = long {
+        builder = builder.long_text_tokens(tokens);
+    }
+    let embedder = builder
+        .build_from_dir(tiny_model_dir())
+        .unwrap_or_else(|e| panic!("building fused {precision:?}: {e:?}"));
+    Box::new(embedder)
+}
+
+const FUSED_FP32: Case = Case {
+    name: "fused fp32",
+    build: |b| fused(Precision::Fp32, b, None),
+    alone: &[&FP32_VS_ST],
+    batched: &[&FP32_VS_ST],
+};
+
+/// Every batch on the long-text graph (block-local attention, unmasked global attention).
+const FUSED_FP32_LONG: Case = Case {
+    name: "fused fp32, long-text graph",
+    build: |b| fused(Precision::Fp32, b, Some(0)),
+    alone: &[&FP32_VS_ST],
+    batched: &[&FP32_VS_ST],
+};
+
+/// The fused graph's int8 (per-channel weights, per-row activations, smoothing folded into
+/// the norms) against the fp32 model.
+const FUSED_INT8_VS_ST: Tolerance = Tolerance {
+    against: "sentence-transformers fp32",
+    expected: |i| &i.st_fp32,
+    min_cosine: 0.995,
+    max_abs_diff: None,
+    min_cosine_without_outlier: Some(0.99),
+    on_other_int8_kernels: None,
+};
+
+const FUSED_INT8: Case = Case {
+    name: "fused int8",
+    build: |b| fused(Precision::Int8, b, None),
+    alone: &[&FUSED_INT8_VS_ST],
+    batched: &[&FUSED_INT8_VS_ST],
+};
+
+const FUSED_INT8_LONG: Case = Case {
+    name: "fused int8, long-text graph",
+    build: |b| fused(Precision::Int8, b, Some(0)),
+    alone: &[&FUSED_INT8_VS_ST],
+    batched: &[&FUSED_INT8_VS_ST],
+};
 
 const ORT_FP32: Case = Case {
     name: "ort fp32",
@@ -413,6 +471,26 @@ fn run_parity(case: &Case) {
 #[test]
 fn ort_fp32() {
     run_parity(&ORT_FP32);
+}
+
+#[test]
+fn fused_fp32() {
+    run_parity(&FUSED_FP32);
+}
+
+#[test]
+fn fused_fp32_long_text_graph() {
+    run_parity(&FUSED_FP32_LONG);
+}
+
+#[test]
+fn fused_int8() {
+    run_parity(&FUSED_INT8);
+}
+
+#[test]
+fn fused_int8_long_text_graph() {
+    run_parity(&FUSED_INT8_LONG);
 }
 
 #[test]

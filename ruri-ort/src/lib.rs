@@ -52,6 +52,9 @@
 #![deny(missing_docs)]
 
 mod discover;
+#[cfg(feature = "hub")]
+mod hub;
+mod fused;
 mod pool;
 mod runtime;
 
@@ -66,6 +69,7 @@ use ruri_core::{
     Whitespace,
 };
 
+pub use fused::FusedBackend;
 pub use runtime::{ONNXRUNTIME_VERSION, default_install_dir, loaded_runtime_path};
 
 use pool::Pool;
@@ -140,6 +144,39 @@ impl OptimizationLevel {
     }
 }
 
+/// Which graph ONNX Runtime runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Graph {
+    /// [`Fused`](Graph::Fused) when the folder has `model.safetensors` and the precision is
+    /// fp32 or int8, else [`OnnxFile`](Graph::OnnxFile) (the default). An explicit
+    /// [`OrtBuilder::onnx_file`] always runs that file.
+    #[default]
+    Auto,
+    /// ruri's own graph, built in process from `config.json` + `model.safetensors`: runs
+    /// the official cl-nagoya folders (which ship no ONNX file); fp32 or int8 (quantized at
+    /// load, see [`Precision::Int8`]).
+    Fused,
+    /// The folder's ONNX file for the precision ([`Precision::candidates`]), or
+    /// [`OrtBuilder::onnx_file`].
+    OnnxFile,
+}
+
+/// How the fused graph quantizes activations for its int8 linears (weights are always int8
+/// per output channel).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Int8Activations {
+    /// A scale per token row (the default): a text's int8 vector does not depend on the
+    /// other texts of its batch.
+    #[default]
+    PerRow,
+    /// One scale per batch tensor (`com.microsoft.DynamicQuantizeMatMul`, what dynamically
+    /// quantized ONNX files and every peer do): a text's vector depends on its batch
+    /// neighbours. For comparison.
+    PerTensor,
+}
+
 /// Starts a builder of a [`TextEmbedder`] on ONNX Runtime (`ruri::ort::builder()` in the
 /// facade).
 pub fn builder() -> OrtBuilder {
@@ -159,7 +196,14 @@ pub struct OrtBuilder {
     optimization: OptimizationLevel,
     batching: Option<BatchOptions>,
     whitespace: Whitespace,
+    graph: Graph,
+    int8_activations: Int8Activations,
+    intra_op_spinning: Option<bool>,
+    long_text_tokens: Option<usize>,
 }
+
+/// Default of [`OrtBuilder::long_text_tokens`].
+pub const DEFAULT_LONG_TEXT_TOKENS: usize = 1024;
 
 impl OrtBuilder {
     /// fp32 (default), int8 or fp16: which ONNX file of the folder runs, found under the
@@ -223,9 +267,42 @@ impl OrtBuilder {
         self
     }
 
+    /// Which graph runs (default [`Graph::Auto`]: the fused graph when the folder has
+    /// `model.safetensors`).
+    pub fn graph(mut self, graph: Graph) -> Self {
+        self.graph = graph;
+        self
+    }
+
+    /// The fused graph's int8 activation scales (default [`Int8Activations::PerRow`]).
+    pub fn int8_activations(mut self, activations: Int8Activations) -> Self {
+        self.int8_activations = activations;
+        self
+    }
+
+    /// Whether ONNX Runtime's intra-op threads spin while waiting for work. Default: only for
+    /// single-threaded sessions (where there is nothing to spin); multi-threaded sessions
+    /// do not spin, which costs little latency and gives the cores back to the rest of the
+    /// process (spinning threads keep every core busy between batches).
+    pub fn intra_op_spinning(mut self, spin: bool) -> Self {
+        self.intra_op_spinning = Some(spin);
+        self
+    }
+
+    /// Fused graph: batches whose longest text has more than this many tokens run text by
+    /// text on the long-text graph, whose attention memory is linear in the length (default
+    /// [`DEFAULT_LONG_TEXT_TOKENS`]; 0 sends every batch there).
+    pub fn long_text_tokens(mut self, tokens: usize) -> Self {
+        self.long_text_tokens = Some(tokens);
+        self
+    }
+
     /// Opens the model folder, loads ONNX Runtime if needed, and builds the sessions.
     pub fn build_from_dir(self, dir: impl AsRef<Path>) -> Result<TextEmbedder> {
         let dir = ModelDir::open(dir)?;
+        if let Some(fused) = self.fused_checkpoint(&dir)? {
+            return self.build_fused(&dir, fused);
+        }
         let onnx = match &self.onnx_file {
             Some(path) if path.is_absolute() => {
                 if !path.is_file() {
@@ -236,21 +313,7 @@ impl OrtBuilder {
             Some(path) => dir.file(path)?,
             None => discover::find(dir.path(), self.precision)?,
         };
-        let sessions = self.sessions.unwrap_or(1);
-        if sessions == 0 {
-            return Err(Error::InvalidOption {
-                name: "sessions",
-                value: "0".into(),
-                reason: "at least one session is needed",
-            });
-        }
-        if self.intra_threads == Some(0) {
-            return Err(Error::InvalidOption {
-                name: "intra_threads",
-                value: "0".into(),
-                reason: "leave it unset for ONNX Runtime's default",
-            });
-        }
+        let sessions = self.check_counts()?;
         let embedder = TextEmbedder::load(&dir, self.batching, || {
             let environment = runtime::environment(self.runtime_path.as_deref())?;
             // Sessions of one pool share their prepacked (reordered) weights.
@@ -303,6 +366,133 @@ impl OrtBuilder {
         Ok(embedder)
     }
 
+    /// The checkpoint of the fused graph, when it is the one to run.
+    fn fused_checkpoint(&self, dir: &ModelDir) -> Result<Option<PathBuf>> {
+        let weights = dir.path().join("model.safetensors");
+        let fusable = matches!(self.precision, Precision::Fp32 | Precision::Int8);
+        match self.graph {
+            Graph::OnnxFile => Ok(None),
+            Graph::Auto => Ok((self.onnx_file.is_none() && fusable && weights.is_file())
+                .then_some(weights)),
+            Graph::Fused => {
+                if self.onnx_file.is_some() {
+                    return Err(Error::InvalidOption {
+                        name: "graph",
+                        value: "fused".into(),
+                        reason: "an ONNX file was given too; choose one graph",
+                    });
+                }
+                if !fusable {
+                    return Err(Error::InvalidOption {
+                        name: "precision",
+                        value: self.precision.to_string(),
+                        reason: "the fused graph runs fp32 and int8 (fp16 needs an ONNX file)",
+                    });
+                }
+                if !weights.is_file() {
+                    return Err(Error::MissingFile { path: weights });
+                }
+                Ok(Some(weights))
+            }
+        }
+    }
+
+    fn build_fused(self, dir: &ModelDir, safetensors: PathBuf) -> Result<TextEmbedder> {
+        let sessions = self.check_counts()?;
+        let linears = match (self.precision, self.int8_activations) {
+            (Precision::Int8, Int8Activations::PerRow) => fused::Linears::Int8PerRow,
+            (Precision::Int8, Int8Activations::PerTensor) => fused::Linears::Int8PerTensor,
+            _ => fused::Linears::Fp32,
+        };
+        let embedder = TextEmbedder::load(dir, self.batching, || {
+            let environment = runtime::environment(self.runtime_path.as_deref())?;
+            let prepacked = (sessions > 1).then(PrepackedWeights::new);
+            let settings = self.clone();
+            let origin = safetensors.clone();
+            let commit = move |model: ort::editor::Model| -> Result<Session> {
+                let fail = |context: &str, e: ort::Error| Error::Backend {
+                    backend: "ort",
+                    context: format!("{context} (the fused graph of {})", origin.display()),
+                    source: Box::new(e),
+                };
+                // The graph is fused by construction: basic rewrites only (the extended
+                // level would turn Add + LayerNormalization into ONNX Runtime's CPU
+                // SkipLayerNormalization, a scalar loop 8× slower).
+                let level = if settings.optimization == OptimizationLevel::All {
+                    OptimizationLevel::Basic
+                } else {
+                    settings.optimization
+                };
+                let builder = settings
+                    .session_builder(&environment, prepacked.as_ref(), level)
+                    .map_err(|(c, e)| fail(c, e))?;
+                model
+                    .into_session(&builder)
+                    .map_err(|e| fail("creating the session", e))
+            };
+            fused::FusedBackend::load(fused::Recipe {
+                safetensors: safetensors.clone(),
+                config: dir.config().clone(),
+                linears,
+                sessions,
+                long_text_tokens: self.long_text_tokens.unwrap_or(DEFAULT_LONG_TEXT_TOKENS),
+                commit: Box::new(commit),
+            })
+        })?
+        .with_whitespace(self.whitespace);
+        Ok(embedder)
+    }
+
+    /// `sessions`, after refusing zero sessions or zero threads.
+    fn check_counts(&self) -> Result<usize> {
+        let sessions = self.sessions.unwrap_or(1);
+        if sessions == 0 {
+            return Err(Error::InvalidOption {
+                name: "sessions",
+                value: "0".into(),
+                reason: "at least one session is needed",
+            });
+        }
+        if self.intra_threads == Some(0) {
+            return Err(Error::InvalidOption {
+                name: "intra_threads",
+                value: "0".into(),
+                reason: "leave it unset for ONNX Runtime's default",
+            });
+        }
+        Ok(sessions)
+    }
+
+    /// Session options: optimization level, threads, spinning, shared prepacked weights.
+    fn session_builder(
+        &self,
+        environment: &ort::environment::Environment,
+        prepacked: Option<&PrepackedWeights>,
+        level: OptimizationLevel,
+    ) -> std::result::Result<ort::session::builder::SessionBuilder, (&'static str, ort::Error)> {
+        let mut builder = Session::builder(environment)
+            .map_err(|e| ("creating session options", e))?
+            .with_optimization_level(level.to_ort())
+            .map_err(|e| ("setting the optimization level", e.into()))?;
+        if let Some(threads) = self.intra_threads {
+            builder = builder
+                .with_intra_threads(threads)
+                .map_err(|e| ("setting intra-op threads", e.into()))?;
+        }
+        let spin = self
+            .intra_op_spinning
+            .unwrap_or(self.intra_threads == Some(1));
+        builder = builder
+            .with_intra_op_spinning(spin)
+            .map_err(|e| ("setting intra-op spinning", e.into()))?;
+        if let Some(prepacked) = prepacked {
+            builder = builder
+                .with_prepacked_weights(prepacked)
+                .map_err(|e| ("sharing prepacked weights", e.into()))?;
+        }
+        Ok(builder)
+    }
+
     fn build_session(
         &self,
         environment: &ort::environment::Environment,
@@ -314,21 +504,8 @@ impl OrtBuilder {
             context: format!("{context} ({})", onnx.display()),
             source: Box::new(e),
         };
-        let mut builder = Session::builder(environment)
-            .map_err(|e| fail("creating session options", e))?
-            .with_optimization_level(self.optimization.to_ort())
-            .map_err(|e| fail("setting the optimization level", e.into()))?;
-        if let Some(threads) = self.intra_threads {
-            builder = builder
-                .with_intra_threads(threads)
-                .map_err(|e| fail("setting intra-op threads", e.into()))?;
-        }
-        if let Some(prepacked) = prepacked {
-            builder = builder
-                .with_prepacked_weights(prepacked)
-                .map_err(|e| fail("sharing prepacked weights", e.into()))?;
-        }
-        builder
+        self.session_builder(environment, prepacked, self.optimization)
+            .map_err(|(c, e)| fail(c, e))?
             .commit_from_file(onnx)
             .map_err(|e| fail("loading the ONNX model", e))
     }

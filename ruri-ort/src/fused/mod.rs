@@ -1,0 +1,244 @@
+//! The fused backend: ruri's own ModernBERT graph, built in process from `config.json` +
+//! `model.safetensors` (no ONNX file, no Python), run by ONNX Runtime.
+//!
+//! * The token-embedding table stays in Rust (f32, or int8 per row for int8 models) and the
+//!   lookup happens here: the `vocab × hidden` table (70 % of ruri-v3-30m's weights) exists
+//!   once, whatever the number of sessions.
+//! * Every other weight goes straight from the file into ONNX Runtime's memory as an
+//!   initializer: one copy.
+//! * Batches whose longest text is over [`OrtBuilder::long_text_tokens`](crate::OrtBuilder::long_text_tokens)
+//!   run text by text on a second graph whose attention is linear in length (built on first
+//!   use), so an 8,192-token text never materializes `8,192²` scores.
+
+pub(crate) mod graph;
+mod weights;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+
+use ndarray::Array2;
+use ort::session::{RunOptions, Session, SessionOutputs};
+use ort::value::TensorRef;
+use ruri_core::{Backend, BackendOutput, Error, ModelConfig, PaddedBatch, Result};
+
+use crate::pool::Pool;
+pub(crate) use graph::Linears;
+use graph::{Shapes, Variant};
+use weights::Safetensors;
+
+/// The token-embedding table.
+enum Table {
+    F32(Vec<f32>),
+    /// Symmetric int8 per row (token), with the row's scale.
+    Int8 { q: Vec<i8>, scale: Vec<f32> },
+}
+
+impl Table {
+    fn load(st: &mut Safetensors, config: &ModelConfig, int8: bool) -> Result<Self> {
+        let table = st.read("embeddings.tok_embeddings.weight")?;
+        if !int8 {
+            return Ok(Table::F32(table));
+        }
+        let h = config.hidden_size;
+        let mut q = Vec::with_capacity(table.len());
+        let mut scale = Vec::with_capacity(config.vocab_size);
+        for row in table.chunks_exact(h) {
+            let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let s = if max > 0.0 { max / 127.0 } else { 1.0 };
+            q.extend(row.iter().map(|v| (v / s).round().clamp(-127.0, 127.0) as i8));
+            scale.push(s);
+        }
+        Ok(Table::Int8 { q, scale })
+    }
+
+    /// Appends the rows of `ids` to `out`; an id outside the table is an error.
+    fn lookup(&self, ids: &[i64], hidden: usize, out: &mut Vec<f32>) -> Result<()> {
+        let rows = match self {
+            Table::F32(t) => t.len() / hidden,
+            Table::Int8 { scale, .. } => scale.len(),
+        };
+        out.reserve(ids.len() * hidden);
+        for &id in ids {
+            let r = usize::try_from(id)
+                .ok()
+                .filter(|&r| r < rows)
+                .ok_or_else(|| Error::ModelOutput {
+                    reason: format!("token id {id} is outside the embedding table ({rows} rows)"),
+                })?;
+            match self {
+                Table::F32(t) => out.extend_from_slice(&t[r * hidden..(r + 1) * hidden]),
+                Table::Int8 { q, scale } => {
+                    let s = scale[r];
+                    out.extend(q[r * hidden..(r + 1) * hidden].iter().map(|&v| f32::from(v) * s));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How the fused sessions are made: the checkpoint, the mode, and the session options.
+pub(crate) struct Recipe {
+    pub(crate) safetensors: PathBuf,
+    pub(crate) config: ModelConfig,
+    pub(crate) linears: Linears,
+    pub(crate) sessions: usize,
+    pub(crate) long_text_tokens: usize,
+    /// Makes a configured session builder (threads, spinning, prepacked weights, the custom
+    /// operators) and commits a model with it.
+    pub(crate) commit: Box<dyn Fn(ort::editor::Model) -> Result<Session> + Send + Sync>,
+}
+
+struct Lane {
+    session: Session,
+    run_options: RunOptions,
+}
+
+/// The ONNX Runtime backend on ruri's own fused graph (see the crate docs, "Graphs"). Reach
+/// it from a [`TextEmbedder`](ruri_core::TextEmbedder) with
+/// `embedder.backend_as::<FusedBackend>()`.
+pub struct FusedBackend {
+    table: Table,
+    hidden: usize,
+    lanes: Pool<Lane>,
+    long: Mutex<Option<Lane>>,
+    recipe: Recipe,
+}
+
+impl std::fmt::Debug for FusedBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FusedBackend")
+            .field("safetensors", &self.recipe.safetensors)
+            .field("linears", &self.recipe.linears)
+            .field("sessions", &self.lanes.size())
+            .finish()
+    }
+}
+
+fn lane(session: Session) -> Result<Lane> {
+    let run_options = RunOptions::new().map_err(|e| Error::Backend {
+        backend: "ort",
+        context: "creating run options".into(),
+        source: Box::new(e),
+    })?;
+    Ok(Lane {
+        session,
+        run_options,
+    })
+}
+
+impl FusedBackend {
+    pub(crate) fn load(recipe: Recipe) -> Result<Self> {
+        let mut st = Safetensors::open(&recipe.safetensors, &recipe.config)?;
+        let int8 = recipe.linears != Linears::Fp32;
+        let table = Table::load(&mut st, &recipe.config, int8)?;
+        let shapes = Shapes::new(&recipe.config);
+        let mut lanes = Vec::with_capacity(recipe.sessions);
+        for _ in 0..recipe.sessions {
+            let model = graph::build(&mut st, &shapes, recipe.linears, Variant::Batch)?;
+            lanes.push(lane((recipe.commit)(model)?)?);
+        }
+        Ok(Self {
+            table,
+            hidden: recipe.config.hidden_size,
+            lanes: Pool::new(lanes),
+            long: Mutex::new(None),
+            recipe,
+        })
+    }
+
+    /// The checkpoint the graph was built from.
+    pub fn safetensors_file(&self) -> &Path {
+        &self.recipe.safetensors
+    }
+
+    /// Whether linears run in int8.
+    pub fn is_int8(&self) -> bool {
+        self.recipe.linears != Linears::Fp32
+    }
+
+    fn run_error(&self, e: ort::Error) -> Error {
+        Error::Backend {
+            backend: "ort",
+            context: format!("running the fused graph of {}", self.recipe.safetensors.display()),
+            source: Box::new(e),
+        }
+    }
+
+    fn pooled(&self, outputs: &SessionOutputs<'_>, rows: usize) -> Result<Array2<f32>> {
+        let (_, data) = outputs["sentence_embedding"]
+            .try_extract_tensor::<f32>()
+            .map_err(|e| self.run_error(e))?;
+        Array2::from_shape_vec((rows, self.hidden), data.to_vec()).map_err(|e| Error::ModelOutput {
+            reason: format!("the fused graph gave an output of unexpected shape: {e}"),
+        })
+    }
+
+    /// One text of `ids` on the long-text graph (built on first use).
+    fn forward_long(&self, ids: &[i64], out: &mut [f32]) -> Result<()> {
+        let mut embeddings = Vec::new();
+        self.table.lookup(ids, self.hidden, &mut embeddings)?;
+        let mut long = self.long.lock().unwrap_or_else(PoisonError::into_inner);
+        if long.is_none() {
+            let mut st = Safetensors::open(&self.recipe.safetensors, &self.recipe.config)?;
+            let shapes = Shapes::new(&self.recipe.config);
+            let model = graph::build(&mut st, &shapes, self.recipe.linears, Variant::Long)?;
+            *long = Some(lane((self.recipe.commit)(model)?)?);
+        }
+        let lane = long.as_mut().expect("built above");
+        let input = TensorRef::from_array_view(([1, ids.len(), self.hidden], embeddings.as_slice()))
+            .map_err(|e| self.run_error(e))?;
+        let outputs = lane
+            .session
+            .run_with_options(ort::inputs!["embeddings" => input], &lane.run_options)
+            .map_err(|e| self.run_error(e))?;
+        let pooled = self.pooled(&outputs, 1)?;
+        out.copy_from_slice(pooled.as_slice().expect("standard layout"));
+        Ok(())
+    }
+}
+
+impl Backend for FusedBackend {
+    fn dim(&self) -> usize {
+        self.hidden
+    }
+
+    fn parallelism(&self) -> usize {
+        self.lanes.size()
+    }
+
+    fn forward(&self, batch: &PaddedBatch) -> Result<BackendOutput> {
+        let (rows, seq) = (batch.batch_size(), batch.seq_len());
+        if seq > self.recipe.long_text_tokens {
+            let mut pooled = Array2::zeros((rows, self.hidden));
+            for (r, mut out) in pooled.outer_iter_mut().enumerate() {
+                let ids = &batch.input_ids()[r * seq..(r + 1) * seq];
+                let mask = &batch.attention_mask()[r * seq..(r + 1) * seq];
+                // Right-padded: the text is the prefix the mask covers.
+                let len = mask.iter().take_while(|&&m| m != 0).count();
+                self.forward_long(
+                    &ids[..len.max(1)],
+                    out.as_slice_mut().expect("rows of a standard array"),
+                )?;
+            }
+            return Ok(BackendOutput::Pooled(pooled));
+        }
+        let mut embeddings = Vec::new();
+        self.table
+            .lookup(batch.input_ids(), self.hidden, &mut embeddings)?;
+        let input = TensorRef::from_array_view(([rows, seq, self.hidden], embeddings.as_slice()))
+            .map_err(|e| self.run_error(e))?;
+        let mask = TensorRef::from_array_view(([rows, seq], batch.attention_mask()))
+            .map_err(|e| self.run_error(e))?;
+        self.lanes.with(|lane| {
+            let outputs = lane
+                .session
+                .run_with_options(
+                    ort::inputs!["embeddings" => input, "attention_mask" => mask],
+                    &lane.run_options,
+                )
+                .map_err(|e| self.run_error(e))?;
+            Ok(BackendOutput::Pooled(self.pooled(&outputs, rows)?))
+        })
+    }
+}

@@ -1,0 +1,338 @@
+//! Reading ModernBERT weights from `model.safetensors` for the fused graph, and preparing
+//! them: transposed for `MatMul`, optionally smoothed (an exact fp32 rescaling that moves an
+//! activation outlier channel into the weights) and quantized to int8 per output channel.
+//!
+//! The file is read with plain reads, tensor by tensor (no memory map): a mapped file counts
+//! in the process's resident memory for every page touched, and every page is touched.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use ruri_core::{Error, ModelConfig, Result};
+
+/// The tensor that tells whether a checkpoint uses the `model.` prefix.
+const PROBE: &str = "embeddings.tok_embeddings.weight";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dtype {
+    F32,
+    F16,
+    Bf16,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    start: u64,
+    end: u64,
+}
+
+/// An open `model.safetensors`: its header, and the file to read tensors from.
+pub(crate) struct Safetensors {
+    path: PathBuf,
+    file: File,
+    data_start: u64,
+    entries: HashMap<String, Entry>,
+    prefix: &'static str,
+}
+
+impl std::fmt::Debug for Safetensors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Safetensors")
+            .field("path", &self.path)
+            .field("tensors", &self.entries.len())
+            .finish()
+    }
+}
+
+impl Safetensors {
+    /// Opens the file and checks every tensor ModernBERT needs against `config`: a mismatch
+    /// is [`Error::InvalidConfig`] naming the tensor.
+    pub(crate) fn open(path: &Path, config: &ModelConfig) -> Result<Self> {
+        let io = |source: std::io::Error| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let invalid = |reason: String| Error::InvalidConfig {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let mut file = File::open(path).map_err(io)?;
+        let file_len = file.metadata().map_err(io)?.len();
+        let mut len = [0u8; 8];
+        file.read_exact(&mut len)
+            .map_err(|_| invalid("shorter than a safetensors header".into()))?;
+        let header_len = u64::from_le_bytes(len);
+        if header_len > 100 << 20 || 8 + header_len > file_len {
+            return Err(invalid(format!(
+                "a safetensors header of {header_len} bytes in a file of {file_len} bytes"
+            )));
+        }
+        let mut header = vec![0u8; header_len as usize];
+        file.read_exact(&mut header).map_err(io)?;
+        let header: HashMap<String, serde_json::Value> = serde_json::from_slice(&header)
+            .map_err(|e| invalid(format!("the safetensors header is not JSON: {e}")))?;
+        let data_start = 8 + header_len;
+        let mut entries = HashMap::new();
+        for (name, value) in header {
+            if name == "__metadata__" {
+                continue;
+            }
+            let bad = || invalid(format!("the header entry of {name} is malformed"));
+            let dtype = match value.get("dtype").and_then(|d| d.as_str()).ok_or_else(bad)? {
+                "F32" => Dtype::F32,
+                "F16" => Dtype::F16,
+                "BF16" => Dtype::Bf16,
+                // Other tensors (none in ModernBERT) are fine as long as they are not read.
+                _ => continue,
+            };
+            let shape = value
+                .get("shape")
+                .and_then(|s| s.as_array())
+                .ok_or_else(bad)?
+                .iter()
+                .map(|d| d.as_u64().map(|d| d as usize).ok_or_else(bad))
+                .collect::<Result<Vec<_>>>()?;
+            let offsets = value
+                .get("data_offsets")
+                .and_then(|s| s.as_array())
+                .filter(|o| o.len() == 2)
+                .ok_or_else(bad)?;
+            let (start, end) = (
+                offsets[0].as_u64().ok_or_else(bad)?,
+                offsets[1].as_u64().ok_or_else(bad)?,
+            );
+            let width = if dtype == Dtype::F32 { 4 } else { 2 };
+            let count: usize = shape.iter().product();
+            if end < start
+                || end - start != (count * width) as u64
+                || data_start + end > file_len
+            {
+                return Err(invalid(format!(
+                    "the data of {name} ({start}..{end}) does not fit its shape {shape:?} or the file"
+                )));
+            }
+            entries.insert(
+                name,
+                Entry {
+                    dtype,
+                    shape,
+                    start,
+                    end,
+                },
+            );
+        }
+        let prefix = if entries.contains_key(PROBE) {
+            ""
+        } else if entries.contains_key(&format!("model.{PROBE}")) {
+            "model."
+        } else {
+            return Err(invalid(format!(
+                "no {PROBE} tensor, with or without a `model.` prefix: not a ModernBERT checkpoint"
+            )));
+        };
+        let this = Self {
+            path: path.to_path_buf(),
+            file,
+            data_start,
+            entries,
+            prefix,
+        };
+        for (name, shape) in expected_tensors(config) {
+            let full = format!("{prefix}{name}");
+            let entry = this
+                .entries
+                .get(&full)
+                .ok_or_else(|| invalid(format!("the tensor {full} is missing (or not a float tensor)")))?;
+            if entry.shape != shape {
+                return Err(invalid(format!(
+                    "the tensor {full} has shape {:?} but config.json implies {shape:?}",
+                    entry.shape
+                )));
+            }
+        }
+        Ok(this)
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reads a tensor (name without prefix) as f32, row-major.
+    pub(crate) fn read(&mut self, name: &str) -> Result<Vec<f32>> {
+        let full = format!("{}{name}", self.prefix);
+        let entry = self
+            .entries
+            .get(&full)
+            .cloned()
+            .ok_or_else(|| Error::InvalidConfig {
+                path: self.path.clone(),
+                reason: format!("the tensor {full} is missing"),
+            })?;
+        let io = |source: std::io::Error| Error::Io {
+            path: self.path.clone(),
+            source,
+        };
+        self.file
+            .seek(SeekFrom::Start(self.data_start + entry.start))
+            .map_err(io)?;
+        let count: usize = entry.shape.iter().product();
+        let mut out = Vec::with_capacity(count);
+        // In chunks, so that no second full-size byte buffer exists.
+        let mut buf = vec![0u8; (1 << 20).min((entry.end - entry.start) as usize).max(4)];
+        let width = if entry.dtype == Dtype::F32 { 4 } else { 2 };
+        let mut left = (entry.end - entry.start) as usize;
+        while left > 0 {
+            let n = left.min(buf.len() / width * width);
+            self.file.read_exact(&mut buf[..n]).map_err(io)?;
+            match entry.dtype {
+                Dtype::F32 => out.extend(
+                    buf[..n]
+                        .chunks_exact(4)
+                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+                ),
+                Dtype::F16 => out.extend(
+                    buf[..n]
+                        .chunks_exact(2)
+                        .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
+                ),
+                Dtype::Bf16 => out.extend(
+                    buf[..n]
+                        .chunks_exact(2)
+                        .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+                ),
+            }
+            left -= n;
+        }
+        Ok(out)
+    }
+}
+
+/// Tensors the checkpoint must hold, with their shapes (names without prefix).
+fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let (h, i) = (c.hidden_size, c.intermediate_size);
+    let mut all = vec![
+        (PROBE.to_owned(), vec![c.vocab_size, h]),
+        ("embeddings.norm.weight".to_owned(), vec![h]),
+        ("final_norm.weight".to_owned(), vec![h]),
+    ];
+    for n in 0..c.num_hidden_layers {
+        if n > 0 {
+            all.push((format!("layers.{n}.attn_norm.weight"), vec![h]));
+        }
+        all.push((format!("layers.{n}.attn.Wqkv.weight"), vec![3 * h, h]));
+        all.push((format!("layers.{n}.attn.Wo.weight"), vec![h, h]));
+        all.push((format!("layers.{n}.mlp_norm.weight"), vec![h]));
+        all.push((format!("layers.{n}.mlp.Wi.weight"), vec![2 * i, h]));
+        all.push((format!("layers.{n}.mlp.Wo.weight"), vec![h, i]));
+    }
+    all
+}
+
+/// `w` (`rows × cols`, row-major; rows are output channels as in `nn.Linear`) transposed to
+/// `cols × rows`, the `K × N` layout `MatMul` takes.
+pub(crate) fn transpose(w: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0f32; w.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            out[c * rows + r] = w[r * cols + c];
+        }
+    }
+    out
+}
+
+/// The largest magnitude of an int8 weight. 63, not 127: x86's fast u8 × s8 instruction
+/// (`vpmaddubsw`, what ONNX Runtime's MLAS uses without VNNI) adds two u8 · s8 products in
+/// 16 bits and saturates above 32,767; with |w| ≤ 63, 2 · 255 · 63 = 32,130 never does, so
+/// the integer result is exact, and the same on every x86 CPU.
+pub(crate) const WEIGHT_LEVELS: f32 = 63.0;
+
+/// A `K × N` weight quantized per output column: `w[k][n] ≈ q[k][n] · scale[n]`.
+pub(crate) struct QuantizedWeight {
+    pub(crate) q: Vec<i8>,
+    pub(crate) scale: Vec<f32>,
+}
+
+/// Symmetric per-column quantization of a `K × N` row-major matrix.
+pub(crate) fn quantize_columns(w: &[f32], k: usize, n: usize) -> QuantizedWeight {
+    let mut max = vec![0f32; n];
+    for row in w.chunks_exact(n) {
+        for (m, &x) in max.iter_mut().zip(row) {
+            *m = m.max(x.abs());
+        }
+    }
+    let scale: Vec<f32> = max
+        .iter()
+        .map(|&m| if m > 0.0 { m / WEIGHT_LEVELS } else { 1.0 })
+        .collect();
+    let inv: Vec<f32> = scale.iter().map(|s| 1.0 / s).collect();
+    let mut q = Vec::with_capacity(k * n);
+    for row in w.chunks_exact(n) {
+        q.extend(
+            row.iter()
+                .zip(&inv)
+                .map(|(&x, &i)| (x * i).round().clamp(-WEIGHT_LEVELS, WEIGHT_LEVELS) as i8),
+        );
+    }
+    QuantizedWeight { q, scale }
+}
+
+/// Smoothing factors for the channels of a LayerNorm output that feeds int8 linears: a
+/// channel whose LayerNorm weight is far above the typical one (an activation outlier, which
+/// would take a per-row int8 scale for itself alone) is divided by `s = sqrt(|γ| / median)`
+/// (SmoothQuant's α = ½ with |γ| standing in for the activation range), and the weight rows
+/// it feeds are multiplied by `s`. In exact arithmetic the product is unchanged.
+pub(crate) fn smoothing(gamma: &[f32]) -> Vec<f32> {
+    let mut magnitudes: Vec<f32> = gamma.iter().map(|g| g.abs()).collect();
+    magnitudes.sort_by(f32::total_cmp);
+    let median = magnitudes[magnitudes.len() / 2].max(f32::MIN_POSITIVE);
+    gamma
+        .iter()
+        .map(|g| {
+            let ratio = g.abs() / median;
+            if ratio > 4.0 { ratio.sqrt() } else { 1.0 }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transpose_moves_every_element() {
+        let w: Vec<f32> = (0..6).map(|x| x as f32).collect(); // 2 × 3
+        assert_eq!(transpose(&w, 2, 3), vec![0., 3., 1., 4., 2., 5.]);
+    }
+
+    #[test]
+    fn quantized_columns_reconstruct_within_half_a_step() {
+        let (k, n) = (5, 3);
+        let w: Vec<f32> = (0..k * n).map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.01 * (1 + i % n) as f32).collect();
+        let qw = quantize_columns(&w, k, n);
+        for r in 0..k {
+            for c in 0..n {
+                let back = f32::from(qw.q[r * n + c]) * qw.scale[c];
+                assert!((back - w[r * n + c]).abs() <= qw.scale[c] / 2.0 + 1e-7);
+                assert!(qw.q[r * n + c].unsigned_abs() <= 63);
+            }
+        }
+        // Each column's largest magnitude maps to ±63.
+        for c in 0..n {
+            assert!((0..k).any(|r| qw.q[r * n + c].unsigned_abs() == 63));
+        }
+    }
+
+    #[test]
+    fn smoothing_touches_only_outlier_channels() {
+        let mut gamma = vec![1.0f32; 16];
+        gamma[3] = 36.0;
+        gamma[5] = -2.0;
+        let s = smoothing(&gamma);
+        assert_eq!(s[3], 6.0);
+        assert!(s.iter().enumerate().all(|(i, &v)| i == 3 || v == 1.0));
+    }
+}
