@@ -28,6 +28,9 @@
 //! * `ort` (default): the ONNX Runtime backend, [`ruri_ort`], as [`ort`]. The ONNX Runtime
 //!   library is loaded at run time (see [`ruri_ort`]'s docs for where it is looked for).
 //! * `candle` (default): the candle backend on CPU, [`ruri_candle`], as [`candle`].
+//! * `hub` (default): [`hub`], and the backends' `build_from_hub(id)` and `build(source)`
+//!   (a folder or a model id): downloads into the Hugging Face Hub's standard cache, shared
+//!   with Python's `huggingface_hub` (see [`ruri_core::hub`]).
 //! * `cuda`: CUDA devices for the candle backend (needs the CUDA toolkit to build).
 
 #![deny(missing_docs)]
@@ -42,3 +45,7 @@ pub use ruri_ort as ort;
 /// The candle backend.
 #[cfg(feature = "candle")]
 pub use ruri_candle as candle;
+
+/// Models by id from the Hugging Face Hub and its standard cache ([`ruri_core::hub`]).
+#[cfg(feature = "hub")]
+pub use ruri_core::hub;

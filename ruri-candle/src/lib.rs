@@ -86,6 +86,8 @@
 
 mod attention;
 mod batching;
+#[cfg(feature = "hub")]
+mod hub;
 mod model;
 
 pub use batching::{GPU_MAX_BATCH_TOKENS, gpu_batching};

@@ -132,6 +132,128 @@ pub enum Error {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// A Hugging Face Hub repository does not exist, or is private and the token sent (if any)
+    /// cannot see it: the Hub answers both alike.
+    #[error(
+        "repository {repo} not found on {endpoint} (a private repository looks the same to a \
+         token without access; sent {token})"
+    )]
+    RepoNotFound {
+        /// The model id (`org/name`).
+        repo: String,
+        /// The Hub's address.
+        endpoint: String,
+        /// Which token was sent.
+        token: TokenSource,
+    },
+    /// The repository exists but has no such branch, tag or commit.
+    #[error("repository {repo} has no revision {revision:?} (a branch, tag or commit)")]
+    RevisionNotFound {
+        /// The model id.
+        repo: String,
+        /// The revision asked for.
+        revision: String,
+    },
+    /// The repository lacks a file the chosen backend and precision need.
+    #[error("{repo} at {revision} has no {wanted}; its files: {}", files.join(", "))]
+    RemoteFileNotFound {
+        /// The model id.
+        repo: String,
+        /// The revision (or commit) looked at.
+        revision: String,
+        /// What was needed (a file name, or e.g. "int8 ONNX file (onnx/model_quantized.onnx, …)").
+        wanted: String,
+        /// Every file the repository has at that revision.
+        files: Vec<String>,
+    },
+    /// The Hub refused access (HTTP 401 or 403): a gated model whose conditions the token's
+    /// owner has not accepted, or a token that is invalid or lacks the right.
+    #[error(
+        "access to {repo} refused (HTTP {status}{}); sent {token}",
+        if *gated { ", a gated model: accept its conditions on the Hub page, then use a token of that account" } else { "" }
+    )]
+    AccessDenied {
+        /// The model id.
+        repo: String,
+        /// 401 or 403.
+        status: u16,
+        /// Whether the Hub said the model is gated.
+        gated: bool,
+        /// Which token was sent (never the token itself).
+        token: TokenSource,
+    },
+    /// The Hub could not be reached (connection refused, DNS, TLS, timeout, a connection
+    /// dropped and not resumable within the retries).
+    #[error("cannot reach {url}")]
+    Network {
+        /// The address asked.
+        url: String,
+        /// The transport's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The Hub answered with a status ruri does not expect (e.g. 500, 429).
+    #[error("{url} answered HTTP {status}")]
+    HttpStatus {
+        /// The address asked.
+        url: String,
+        /// The status code.
+        status: u16,
+    },
+    /// A download did not match what the Hub announced (size, SHA-256, headers); nothing was
+    /// added to the cache.
+    #[error("download of {url} failed: {reason}")]
+    Download {
+        /// The address downloaded.
+        url: String,
+        /// What did not match.
+        reason: String,
+    },
+    /// Offline (`HF_HUB_OFFLINE=1`, or the Hub unreachable) and the cache cannot serve the
+    /// model.
+    #[error(
+        "{repo} at {revision} is not in the cache {cache} and the Hub is not used ({why}): {reason}"
+    )]
+    NotCached {
+        /// The model id.
+        repo: String,
+        /// The revision asked for.
+        revision: String,
+        /// The cache folder looked in (`HF_HUB_CACHE`).
+        cache: PathBuf,
+        /// Why the Hub was not asked (`HF_HUB_OFFLINE` is set, or it was unreachable).
+        why: String,
+        /// What is missing.
+        reason: String,
+    },
+}
+
+/// Which Hugging Face token a request carried, for error messages: never the token itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TokenSource {
+    /// No token was sent.
+    None,
+    /// The `HF_TOKEN` environment variable.
+    Env,
+    /// A token file (`$HF_HOME/token`, or `HF_TOKEN_PATH`).
+    File(PathBuf),
+    /// A token given in code (`Hub::token`).
+    Explicit,
+}
+
+impl std::fmt::Display for TokenSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TokenSource::None => f.write_str(
+                "no token (set HF_TOKEN, or log in with `hf auth login`, which writes \
+                 $HF_HOME/token)",
+            ),
+            TokenSource::Env => f.write_str("the token in the HF_TOKEN environment variable"),
+            TokenSource::File(path) => write!(f, "the token in the file {}", path.display()),
+            TokenSource::Explicit => f.write_str("the token given to Hub::token"),
+        }
+    }
 }
 
 fn describe_found(found: &[String]) -> String {

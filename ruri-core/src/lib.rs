@@ -72,6 +72,8 @@
 pub mod config;
 mod embedder;
 mod error;
+#[cfg(feature = "hub")]
+pub mod hub;
 mod model_dir;
 mod pipeline;
 mod similarity;
@@ -79,7 +81,7 @@ mod text_embedder;
 
 pub use config::{AttentionKind, ModelConfig, Pooling};
 pub use embedder::{EmbedOptions, Embedder, Embeddings, Task};
-pub use error::{Error, Result};
+pub use error::{Error, Result, TokenSource};
 pub use model_dir::{Layout, ModelDir, Prompts, prompts};
 pub use pipeline::{Backend, BackendOutput, BatchOptions, l2_normalize, mean_pool, plan_batches};
 pub use similarity::{cosine, dot, top_k};

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use proptest::prelude::*;
 use serde::Deserialize;
 
+pub mod hub_mock;
 pub mod shapes;
 
 /// proptest, for test crates that do not depend on it themselves (the root package).
