@@ -1,0 +1,474 @@
+//! `ruri._ruri`: the extension module under the `ruri` Python package.
+//!
+//! Python users hold `ruri.Embedder` (python/ruri/__init__.py), which checks
+//! sentence-transformers' arguments and calls the one class here, [`Engine`]: a
+//! [`ruri::TextEmbedder`] (ONNX Runtime or candle) with the GIL released while it loads,
+//! tokenizes and runs. Vectors come back as a NumPy array that owns the `Vec<f32>` the
+//! pipeline filled: no copy. Errors become the `ruri.RuriError` subclasses of
+//! python/ruri/_errors.py, with ruri's messages.
+
+use std::path::{Path, PathBuf};
+
+use numpy::PyArray2;
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyList, PyString};
+use ruri::{EmbedOptions, Error, Task, TextEmbedder, Whitespace};
+
+/// When an error happened: a backend error while loading is a broken model, while embedding
+/// an inference failure.
+#[derive(Clone, Copy)]
+enum Phase {
+    Load,
+    Embed,
+}
+
+/// The Python exception class (in `ruri._errors`) for a ruri error.
+fn error_class(error: &Error, phase: Phase) -> &'static str {
+    match error {
+        Error::MissingFile { .. }
+        | Error::NoModelFile { .. }
+        | Error::Io { .. }
+        | Error::InvalidJson { .. }
+        | Error::InvalidConfig { .. }
+        | Error::Unsupported { .. }
+        | Error::InvalidTokenizer { .. } => "ModelLoadError",
+        Error::RuntimeUnavailable { .. } => "RuntimeUnavailableError",
+        Error::Tokenizer(_) | Error::InputTooLong { .. } | Error::InvalidOption { .. } => {
+            "InputError"
+        }
+        Error::Backend { .. } | Error::ModelOutput { .. } => match phase {
+            Phase::Load => "ModelLoadError",
+            Phase::Embed => "InferenceError",
+        },
+        // `ruri::Error` is non-exhaustive: a variant added later (e.g. the Hub's) is a load
+        // error while loading, and a RuriError otherwise.
+        _ => match phase {
+            Phase::Load => "ModelLoadError",
+            Phase::Embed => "RuriError",
+        },
+    }
+}
+
+/// ruri's message, then each wrapped cause (`caused by: …`), as the Rust examples print it.
+fn message(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str("\ncaused by: ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// The module `ruri._errors`, imported once.
+fn errors_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+    MODULE
+        .get_or_try_init(py, || Ok(py.import("ruri._errors")?.unbind()))
+        .map(|m| m.bind(py))
+}
+
+/// An instance of the `ruri._errors` class `class` with `text` as its message.
+fn py_error(py: Python<'_>, class: &str, text: String) -> PyErr {
+    let made = errors_module(py)
+        .and_then(|m| m.getattr(class))
+        .and_then(|c| c.call1((text.clone(),)));
+    match made {
+        Ok(instance) => PyErr::from_value(instance),
+        // Only if the Python half of the package is missing or broken.
+        Err(e) => PyRuntimeError::new_err(format!("{text} (and ruri._errors failed: {e})")),
+    }
+}
+
+fn to_py(py: Python<'_>, error: Error, phase: Phase) -> PyErr {
+    py_error(py, error_class(&error, phase), message(&error))
+}
+
+/// Which backend runs the model.
+enum Backend {
+    #[cfg(feature = "ort")]
+    Ort(ruri::ort::Precision),
+    #[cfg(feature = "candle")]
+    Candle(ruri::candle::DType),
+}
+
+/// Builder options that only some backends have.
+struct Options {
+    whitespace: Whitespace,
+    runtime_path: Option<PathBuf>,
+    intra_threads: Option<usize>,
+    sessions: Option<usize>,
+    max_batch_tokens: Option<usize>,
+}
+
+fn parse_backend(backend: &str, precision: &str) -> Result<Backend, (&'static str, String)> {
+    let unknown = |what: &str, known: &str| format!("unknown {what} {precision:?}; known: {known}");
+    match backend {
+        #[cfg(feature = "ort")]
+        "ort" => {
+            use ruri::ort::Precision;
+            Ok(Backend::Ort(match precision {
+                "fp32" | "float32" => Precision::Fp32,
+                "int8" => Precision::Int8,
+                "fp16" | "float16" => Precision::Fp16,
+                _ => {
+                    return Err(("InputError", unknown("ort precision", "fp32, int8, fp16")));
+                }
+            }))
+        }
+        #[cfg(feature = "candle")]
+        "candle" => {
+            use ruri::candle::DType;
+            Ok(Backend::Candle(match precision {
+                "fp32" | "f32" | "float32" => DType::F32,
+                "bf16" | "bfloat16" => DType::BF16,
+                "fp16" | "f16" | "float16" => DType::F16,
+                _ => {
+                    return Err((
+                        "InputError",
+                        unknown("candle precision", "fp32, bf16, fp16"),
+                    ));
+                }
+            }))
+        }
+        other => Err((
+            "InputError",
+            format!(
+                "unknown backend {other:?}; this build of ruri has: {}",
+                BACKENDS.join(", ")
+            ),
+        )),
+    }
+}
+
+/// The backends compiled into this module.
+const BACKENDS: &[&str] = &[
+    #[cfg(feature = "ort")]
+    "ort",
+    #[cfg(feature = "candle")]
+    "candle",
+];
+
+fn batching(max_batch_tokens: Option<usize>) -> Option<ruri::BatchOptions> {
+    max_batch_tokens.map(|t| ruri::BatchOptions::default().max_batch_tokens(t))
+}
+
+fn build(model: &Path, backend: &Backend, options: &Options) -> ruri::Result<TextEmbedder> {
+    match backend {
+        #[cfg(feature = "ort")]
+        Backend::Ort(precision) => {
+            let mut builder = ruri::ort::builder()
+                .precision(*precision)
+                .whitespace(options.whitespace);
+            if let Some(path) = &options.runtime_path {
+                builder = builder.runtime_path(path);
+            }
+            if let Some(threads) = options.intra_threads {
+                builder = builder.intra_threads(threads);
+            }
+            if let Some(sessions) = options.sessions {
+                builder = builder.sessions(sessions);
+            }
+            if let Some(batching) = batching(options.max_batch_tokens) {
+                builder = builder.batching(batching);
+            }
+            builder.build_from_dir(model)
+        }
+        #[cfg(feature = "candle")]
+        Backend::Candle(dtype) => {
+            let mut builder = ruri::candle::builder()
+                .dtype(*dtype)
+                .whitespace(options.whitespace);
+            if let Some(batching) = batching(options.max_batch_tokens) {
+                builder = builder.batching(batching);
+            }
+            builder.build_from_dir(model)
+        }
+    }
+}
+
+/// `default_prompt_name` of the folder's `config_sentence_transformers.json`, which
+/// sentence-transformers applies when a call names no prompt. ruri-core has already checked
+/// the file parses; an absent file or key means none.
+fn default_prompt_name(model: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(model.join("config_sentence_transformers.json")).ok()?;
+    let config: serde_json::Value = serde_json::from_str(&text).ok()?;
+    config
+        .get("default_prompt_name")?
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// A loaded model: ruri's `TextEmbedder` behind `ruri.Embedder`.
+///
+/// Frozen (immutable after construction) and `Sync`: several Python threads may call
+/// `embed` at once; each call releases the GIL while it tokenizes and runs.
+#[pyclass(frozen, module = "ruri._ruri")]
+struct Engine {
+    embedder: TextEmbedder,
+    model: PathBuf,
+    backend: &'static str,
+    precision: String,
+    whitespace: &'static str,
+    default_prompt_name: Option<String>,
+}
+
+#[pymethods]
+impl Engine {
+    /// Loads the model folder `model` on `backend` ("ort" or "candle") at `precision`.
+    #[new]
+    #[pyo3(signature = (model, backend, precision, whitespace, runtime_path=None, intra_threads=None, sessions=None, max_batch_tokens=None))]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "a Python signature of keyword arguments"
+    )]
+    fn new(
+        py: Python<'_>,
+        model: PathBuf,
+        backend: &str,
+        precision: &str,
+        whitespace: &str,
+        runtime_path: Option<PathBuf>,
+        intra_threads: Option<usize>,
+        sessions: Option<usize>,
+        max_batch_tokens: Option<usize>,
+    ) -> PyResult<Self> {
+        let kind = parse_backend(backend, precision).map_err(|(c, m)| py_error(py, c, m))?;
+        let (whitespace, whitespace_name) = match whitespace {
+            "keep" => (Whitespace::Keep, "keep"),
+            "strip" => (Whitespace::Strip, "strip"),
+            other => {
+                return Err(py_error(
+                    py,
+                    "InputError",
+                    format!("unknown whitespace policy {other:?}; known: keep, strip"),
+                ));
+            }
+        };
+        let backend = match kind {
+            #[cfg(feature = "ort")]
+            Backend::Ort(_) => "ort",
+            #[cfg(feature = "candle")]
+            Backend::Candle(_) => "candle",
+        };
+        let options = Options {
+            whitespace,
+            runtime_path,
+            intra_threads,
+            sessions,
+            max_batch_tokens,
+        };
+        // Loading takes from tens of milliseconds to seconds: other threads run meanwhile.
+        let embedder = py
+            .detach(|| build(&model, &kind, &options))
+            .map_err(|e| to_py(py, e, Phase::Load))?;
+        Ok(Self {
+            embedder,
+            default_prompt_name: default_prompt_name(&model),
+            model,
+            backend,
+            precision: precision.to_owned(),
+            whitespace: whitespace_name,
+        })
+    }
+
+    /// Embeds `sentences` (a list of str) with the prompt `prompt` (a text) or `prompt_name`
+    /// (a name in the model's prompts), else the model's default prompt, else none: a
+    /// float32 array of shape (len(sentences), dim), or dim truncated to `truncate_dim`
+    /// (before normalization, as sentence-transformers does).
+    #[pyo3(signature = (sentences, prompt=None, prompt_name=None, normalize=false, batch_size=32, truncate_dim=None))]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "a Python signature of keyword arguments"
+    )]
+    fn embed<'py>(
+        &self,
+        py: Python<'py>,
+        sentences: &Bound<'py, PyList>,
+        prompt: Option<String>,
+        prompt_name: Option<String>,
+        normalize: bool,
+        batch_size: usize,
+        truncate_dim: Option<usize>,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let texts = texts_of(py, sentences)?;
+        let task = match (prompt, prompt_name) {
+            (Some(text), _) => Task::Prompt(text),
+            (None, Some(name)) => Task::Named(name),
+            (None, None) => self
+                .default_prompt_name
+                .clone()
+                .map_or(Task::None, Task::Named),
+        };
+        let dim = self.embedder.dim();
+        let keep = truncate_dim.map_or(dim, |d| d.clamp(1, dim));
+        // Truncated vectors are normalized after truncation, so the pipeline returns raw ones.
+        let normalize_in_pipeline = normalize && keep == dim;
+        let options = EmbedOptions::new(task).normalize(normalize_in_pipeline);
+        let batching = self.embedder.batching().max_batch_size(batch_size);
+        let run = || -> ruri::Result<Vec<f32>> {
+            let encodings = self.embedder.encode(&texts, &options)?;
+            let embeddings = self.embedder.embed_encodings_with_batching(
+                &encodings,
+                normalize_in_pipeline,
+                &batching,
+            )?;
+            let mut data = embeddings.into_vec();
+            if keep < dim {
+                // Rows compacted in place: the first `keep` values of each.
+                for row in 0..texts.len() {
+                    data.copy_within(row * dim..row * dim + keep, row * keep);
+                }
+                data.truncate(texts.len() * keep);
+                if normalize {
+                    data.chunks_exact_mut(keep).for_each(ruri::l2_normalize);
+                }
+            }
+            Ok(data)
+        };
+        let data = py.detach(run).map_err(|e| to_py(py, e, Phase::Embed))?;
+        let array = ndarray::Array2::from_shape_vec((texts.len(), keep), data)
+            .expect("the pipeline returns len × dim values, compacted to len × keep");
+        // The array's buffer is the Vec the pipeline filled: NumPy takes it over, no copy.
+        Ok(PyArray2::from_owned_array(py, array))
+    }
+
+    /// Token counts (prompt and special tokens included, after truncation), as `embed`
+    /// would feed the model.
+    #[pyo3(signature = (sentences, prompt=None))]
+    fn token_counts(
+        &self,
+        py: Python<'_>,
+        sentences: &Bound<'_, PyList>,
+        prompt: Option<String>,
+    ) -> PyResult<Vec<usize>> {
+        let texts = texts_of(py, sentences)?;
+        let options = EmbedOptions::new(prompt.map_or(Task::None, Task::Prompt));
+        let encodings = py
+            .detach(|| self.embedder.encode(&texts, &options))
+            .map_err(|e| to_py(py, e, Phase::Embed))?;
+        Ok(encodings.iter().map(ruri::Encoding::len).collect())
+    }
+
+    /// Width of the vectors.
+    #[getter]
+    fn dim(&self) -> usize {
+        self.embedder.dim()
+    }
+
+    /// The longest input in tokens, prompt and special tokens included.
+    #[getter]
+    fn max_length(&self) -> usize {
+        self.embedder.max_length()
+    }
+
+    /// The named prompts (name → text).
+    #[getter]
+    fn prompts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let dict = PyDict::new(py);
+        for (name, text) in self.embedder.prompts().iter() {
+            dict.set_item(name, text)?;
+        }
+        Ok(dict)
+    }
+
+    /// `default_prompt_name` of config_sentence_transformers.json, if any.
+    #[getter]
+    fn default_prompt_name(&self) -> Option<&str> {
+        self.default_prompt_name.as_deref()
+    }
+
+    /// The model folder.
+    #[getter]
+    fn model(&self) -> &Path {
+        &self.model
+    }
+
+    /// "ort" or "candle".
+    #[getter]
+    fn backend(&self) -> &'static str {
+        self.backend
+    }
+
+    /// The precision asked for.
+    #[getter]
+    fn precision(&self) -> &str {
+        &self.precision
+    }
+
+    /// "keep" or "strip".
+    #[getter]
+    fn whitespace(&self) -> &'static str {
+        self.whitespace
+    }
+
+    /// The ONNX Runtime library this process loaded, if any.
+    #[staticmethod]
+    fn loaded_runtime_path() -> Option<PathBuf> {
+        #[cfg(feature = "ort")]
+        {
+            ruri::ort::loaded_runtime_path()
+        }
+        #[cfg(not(feature = "ort"))]
+        {
+            None
+        }
+    }
+}
+
+/// The texts of a list, each of which must be a `str` that is valid Unicode (no lone
+/// surrogates): anything else is `ruri.InputTypeError` / `ruri.InputError` naming the item.
+fn texts_of(py: Python<'_>, sentences: &Bound<'_, PyList>) -> PyResult<Vec<String>> {
+    sentences
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let Ok(text) = item.cast::<PyString>() else {
+                let kind = item
+                    .get_type()
+                    .name()
+                    .map_or_else(|_| "?".to_owned(), |n| n.to_string());
+                return Err(py_error(
+                    py,
+                    "InputTypeError",
+                    format!("sentences[{i}] is of type {kind}, not str"),
+                ));
+            };
+            // `to_cow`: on the abi3-py39 API, UTF-8 comes through a bytes object (one copy,
+            // as a String needs anyway).
+            match text.to_cow() {
+                Ok(text) => Ok(text.into_owned()),
+                Err(e) => Err(py_error(
+                    py,
+                    "InputError",
+                    format!("sentences[{i}] is not valid Unicode text: {e}"),
+                )),
+            }
+        })
+        .collect()
+}
+
+/// The extension module.
+#[pymodule]
+fn _ruri(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Engine>()?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("BACKENDS", BACKENDS.to_vec())?;
+    m.add("ONNXRUNTIME_VERSION", ort_version())?;
+    Ok(())
+}
+
+/// The ONNX Runtime version ruri is tested with ("" without the ort backend).
+fn ort_version() -> &'static str {
+    #[cfg(feature = "ort")]
+    {
+        ruri::ort::ONNXRUNTIME_VERSION
+    }
+    #[cfg(not(feature = "ort"))]
+    {
+        ""
+    }
+}
