@@ -32,10 +32,11 @@ pub enum Layout {
 }
 
 /// The named prompts of a model: `config_sentence_transformers.json`'s `prompts` over the Ruri
-/// v3 defaults (`query`, `document`, `topic`).
+/// v3 defaults (`query`, `document`, `topic`), and its `default_prompt_name`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Prompts {
     by_name: BTreeMap<String, String>,
+    default_name: Option<String>,
 }
 
 impl Default for Prompts {
@@ -49,7 +50,10 @@ impl Default for Prompts {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
-        Self { by_name }
+        Self {
+            by_name,
+            default_name: None,
+        }
     }
 }
 
@@ -57,6 +61,14 @@ impl Prompts {
     /// The prompt registered under `name`, if any.
     pub fn get(&self, name: &str) -> Option<&str> {
         self.by_name.get(name).map(String::as_str)
+    }
+
+    /// `config_sentence_transformers.json`'s `default_prompt_name`: the prompt
+    /// sentence-transformers' `encode` applies when a call names none (`None` for Ruri v3).
+    /// ruri's own calls name their task ([`Task`]), so only callers that mirror `encode` (the
+    /// Python package) use it.
+    pub fn default_name(&self) -> Option<&str> {
+        self.default_name.as_deref()
     }
 
     /// All prompt names and texts, sorted by name.
@@ -126,6 +138,7 @@ fn check_modules(path: &Path) -> Result<bool> {
 struct SentenceTransformersConfig {
     #[serde(default)]
     prompts: BTreeMap<String, String>,
+    default_prompt_name: Option<String>,
     /// sentence-transformers ≥ 4 writes the model class: `SentenceTransformer`,
     /// `CrossEncoder` (rerankers) or `SparseEncoder`.
     model_type: Option<String>,
@@ -232,6 +245,7 @@ impl ModelDir {
                 });
             }
             prompts.by_name.extend(st.prompts);
+            prompts.default_name = st.default_prompt_name;
         }
         let sentence_bert: Option<SentenceBertConfig> =
             read_optional_json(&root.join("sentence_bert_config.json"))?;

@@ -61,3 +61,18 @@ fn the_committed_folder_opens_with_its_prompts() {
     assert_eq!(dir.prompts().get("topic"), Some("トピック: "));
     assert_eq!(dir.config().hidden_size, 64);
 }
+
+#[test]
+fn default_prompt_name_is_read_from_the_sentence_transformers_config() {
+    let dir = ModelDir::open(tiny_model_dir()).unwrap();
+    // The committed file has `"default_prompt_name": null`, as the published Ruri v3 folders.
+    assert_eq!(dir.prompts().default_name(), None);
+    let copy = tiny_copy();
+    edit_file(
+        &copy.path().join("config_sentence_transformers.json"),
+        r#""default_prompt_name": null"#,
+        r#""default_prompt_name": "query""#,
+    );
+    let dir = ModelDir::open(copy.path()).unwrap();
+    assert_eq!(dir.prompts().default_name(), Some("query"));
+}
