@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use clap::Parser;
 use ruri::Embedder;
 use ruri::candle::DType;
-use ruri::ort::Precision;
+use ruri::ort::{Graph, Int8Activations, Precision};
 
 /// Side-by-side benchmark runner for ruri's backends.
 #[derive(Debug, Parser)]
@@ -32,8 +32,10 @@ struct Args {
     /// Workload folder with documents.jsonl and queries.jsonl.
     #[arg(long)]
     workload: Option<PathBuf>,
-    /// Comma-separated systems: ort_fp32, ort_int8, ort_fp32_x2, ort_int8_x2 (two
-    /// single-threaded sessions), candle_f32, candle_bf16.
+    /// Comma-separated systems: ort_fp32, ort_int8, ort_fp32_x2, ort_int8_x2 (the folder's
+    /// ONNX files; _x2: two single-threaded sessions), fused_fp32, fused_int8, fused_fp32_x2,
+    /// fused_int8_x2 (ruri's fused graph from model.safetensors), fused_int8_pertensor
+    /// (fused, int8 activations per tensor), candle_f32, candle_bf16.
     #[arg(long, default_value = "ort_int8,ort_fp32")]
     systems: String,
     /// Timed passes over the documents (the median is reported).
@@ -50,6 +52,15 @@ struct Args {
     max_batch_size: Option<usize>,
     /// Internal: run one system in this process; the value is the parent's clock at spawn
     /// (seconds since the epoch).
+    /// Instead of the workload: embed one document of about this many tokens (documents of
+    /// the workload joined), --repeats times, and report its time and the peak RSS.
+    #[arg(long)]
+    long_text: Option<usize>,
+    /// Instead of timing: the cosine of each system's normalized vectors to fused_fp32's
+    /// (which equals sentence-transformers within 1e-5) over the first N documents, each
+    /// text alone and inside the default batches, and the cosine between the two.
+    #[arg(long)]
+    agreement: Option<usize>,
     #[arg(long, hide = true)]
     child_started_at: Option<f64>,
 }
@@ -111,8 +122,9 @@ fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn E
     }
     // `sessions`: the pool size; with more than one, each session gets one thread (one
     // session per core, see `ruri::ort::OrtBuilder::sessions`).
-    let ort = |precision: Precision, sessions: usize| {
+    let ort = |graph: Graph, precision: Precision, sessions: usize| {
         let mut builder = ruri::ort::builder()
+            .graph(graph)
             .precision(precision)
             .sessions(sessions)
             .batching(batching);
@@ -139,10 +151,22 @@ fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn E
             .map_err(describe)
     };
     match system {
-        "ort_fp32" => ort(Precision::Fp32, 1),
-        "ort_int8" => ort(Precision::Int8, 1),
-        "ort_fp32_x2" => ort(Precision::Fp32, 2),
-        "ort_int8_x2" => ort(Precision::Int8, 2),
+        "ort_fp32" => ort(Graph::OnnxFile, Precision::Fp32, 1),
+        "ort_int8" => ort(Graph::OnnxFile, Precision::Int8, 1),
+        "ort_fp32_x2" => ort(Graph::OnnxFile, Precision::Fp32, 2),
+        "ort_int8_x2" => ort(Graph::OnnxFile, Precision::Int8, 2),
+        "fused_fp32" => ort(Graph::Fused, Precision::Fp32, 1),
+        "fused_int8" => ort(Graph::Fused, Precision::Int8, 1),
+        "fused_fp32_x2" => ort(Graph::Fused, Precision::Fp32, 2),
+        "fused_int8_x2" => ort(Graph::Fused, Precision::Int8, 2),
+        "fused_int8_pertensor" => ruri::ort::builder()
+            .graph(Graph::Fused)
+            .precision(Precision::Int8)
+            .int8_activations(Int8Activations::PerTensor)
+            .batching(batching)
+            .build_from_dir(model)
+            .map(|e| Box::new(e) as Box<dyn Embedder>)
+            .map_err(describe),
         "candle_f32" => candle(DType::F32),
         "candle_bf16" => candle(DType::BF16),
         other => Err(format!("unknown system {other:?}")),
@@ -172,6 +196,9 @@ fn child(args: &Args, system: &str, started_at: f64) -> Result<serde_json::Value
     let documents = read_jsonl(&workload.join("documents.jsonl"))?;
     if documents.is_empty() {
         return Err(format!("{} has no documents", workload.display()));
+    }
+    if let Some(tokens) = args.long_text {
+        return long_text(args, system, &*embedder, &documents, tokens, cold_start_s);
     }
     let docs: Vec<&str> = documents.iter().map(String::as_str).collect();
     let warm = embedder.embed_documents(&docs).map_err(|e| e.to_string())?;
@@ -224,8 +251,105 @@ fn child(args: &Args, system: &str, started_at: f64) -> Result<serde_json::Value
     }))
 }
 
+/// `--long-text`: one long document, timed `--repeats` times (median), and the peak RSS.
+fn long_text(
+    args: &Args,
+    system: &str,
+    embedder: &dyn Embedder,
+    documents: &[String],
+    tokens: usize,
+    cold_start_s: f64,
+) -> Result<serde_json::Value, String> {
+    // ≈ 2.7 characters a token on this workload; the exact count is reported.
+    let mut text = String::new();
+    for d in documents.iter().cycle() {
+        if text.chars().count() as f64 >= tokens as f64 * 2.7 {
+            break;
+        }
+        text.push_str(d);
+    }
+    let mut seconds = Vec::new();
+    let mut counted = 0;
+    for _ in 0..args.repeats.max(1) {
+        let t = Instant::now();
+        let out = embedder
+            .embed_documents(&[text.as_str()])
+            .map_err(|e| e.to_string())?;
+        seconds.push(t.elapsed().as_secs_f64());
+        counted = out.token_counts()[0];
+    }
+    seconds.sort_by(f64::total_cmp);
+    Ok(serde_json::json!({
+        "system": format!("ruri {system}"),
+        "long_text_tokens": counted,
+        "seconds": seconds[seconds.len() / 2],
+        "cold_start_s": cold_start_s,
+        "peak_rss_mb": peak_rss_mb(),
+        "details": { "pass_seconds": seconds },
+    }))
+}
+
+/// `--agreement N`: in this process, every system against fused_fp32.
+fn agreement(args: &Args, n: usize) -> Result<(), String> {
+    let model = args
+        .model
+        .clone()
+        .unwrap_or_else(|| root().join("testdata/generated/ruri-v3-30m-shape"));
+    let workload = args
+        .workload
+        .clone()
+        .unwrap_or_else(|| root().join("testdata/generated/bench"));
+    let documents = read_jsonl(&workload.join("documents.jsonl"))?;
+    let docs: Vec<&str> = documents.iter().take(n).map(String::as_str).collect();
+    let alone = |e: &dyn Embedder| -> Result<Vec<Vec<f32>>, String> {
+        docs.iter()
+            .map(|d| {
+                e.embed_documents(&[*d])
+                    .map(|v| v.get(0).map(<[f32]>::to_vec).unwrap_or_default())
+                    .map_err(|e| e.to_string())
+            })
+            .collect()
+    };
+    let batched = |e: &dyn Embedder| -> Result<Vec<Vec<f32>>, String> {
+        let v = e.embed_documents(&docs).map_err(|e| e.to_string())?;
+        Ok((0..docs.len()).map(|i| v.get(i).map(<[f32]>::to_vec).unwrap_or_default()).collect())
+    };
+    let cos = |a: &[f32], b: &[f32]| -> f64 {
+        let dot: f64 = a.iter().zip(b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
+        let na: f64 = a.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+        let nb: f64 = b.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+        dot / (na * nb)
+    };
+    let stats = |a: &[Vec<f32>], b: &[Vec<f32>]| -> (f64, f64) {
+        let mut c: Vec<f64> = a.iter().zip(b).map(|(x, y)| cos(x, y)).collect();
+        c.sort_by(f64::total_cmp);
+        (c[0], c[c.len() / 2])
+    };
+    let reference = alone(&*build("fused_fp32", args, &model)?)?;
+    println!("| system | vs fp32 alone: min / median | vs fp32 batched: min / median | batched vs alone: min |");
+    println!("|---|---|---|---|");
+    for system in args.systems.split(',') {
+        let e = build(system, args, &model)?;
+        let (a, b) = (alone(&*e)?, batched(&*e)?);
+        let (am, amed) = stats(&a, &reference);
+        let (bm, bmed) = stats(&b, &reference);
+        let (xm, _) = stats(&b, &a);
+        println!("| {system} | {am:.5} / {amed:.5} | {bm:.5} / {bmed:.5} | {xm:.6} |");
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(n) = args.agreement {
+        return match agreement(&args, n) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let Some(started_at) = args.child_started_at {
         return match child(&args, &args.systems, started_at) {
             Ok(report) => {
@@ -266,6 +390,9 @@ fn main() -> ExitCode {
         }
         if let Some(t) = args.threads {
             cmd.arg("--threads").arg(t.to_string());
+        }
+        if let Some(n) = args.long_text {
+            cmd.arg("--long-text").arg(n.to_string());
         }
         if let Some(t) = args.max_batch_tokens {
             cmd.arg("--max-batch-tokens").arg(t.to_string());

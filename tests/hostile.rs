@@ -33,6 +33,7 @@ fn backends() -> &'static [Backend] {
         let ort = |precision| -> Box<dyn Embedder> {
             Box::new(
                 ruri::ort::builder()
+                    .graph(ruri::ort::Graph::OnnxFile)
                     .precision(precision)
                     .build_from_dir(tiny_model_dir())
                     .unwrap(),

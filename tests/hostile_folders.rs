@@ -24,6 +24,7 @@ fn build(backend: Backend, dir: &Path) -> ruri::Result<Box<dyn Embedder>> {
     Ok(match backend {
         OrtFp32 | OrtInt8 => Box::new(
             ruri::ort::builder()
+                .graph(ruri::ort::Graph::OnnxFile)
                 .precision(if backend == OrtInt8 {
                     Precision::Int8
                 } else {

@@ -573,3 +573,34 @@ fn ort_int8_with_batches_of_one_is_batch_independent() {
         agreement.max_abs_diff
     );
 }
+
+/// Per-row int8 activations: a text's fused int8 vector is the same alone and inside mixed
+/// batches of any budget (only float summation order may differ), unlike the ONNX file's
+/// per-tensor quantization (INT8_IN_BATCH_VS_ALONE).
+#[test]
+fn fused_int8_is_batch_independent() {
+    let reference = Reference::tiny();
+    let alone_embedder = fused(Precision::Int8, BatchOptions::default(), None);
+    let alone = one_by_one(alone_embedder.as_ref(), &reference.items, true);
+    for budget in BUDGETS {
+        let embedder = fused(
+            Precision::Int8,
+            BatchOptions::default().max_batch_tokens(budget),
+            None,
+        );
+        let together = together(embedder.as_ref(), &reference.items, true);
+        let mut agreement = Agreement::new();
+        for ((a, _, _), (b, _, _)) in together.iter().zip(&alone) {
+            agreement.add(a, b);
+        }
+        eprintln!(
+            "fused int8, batched (budget {budget}) vs alone: min cosine {:.9}, max |Δ| {:.3e}",
+            agreement.min_cosine, agreement.max_abs_diff
+        );
+        assert!(
+            agreement.min_cosine >= 0.9999,
+            "budget {budget}: min cosine {}",
+            agreement.min_cosine
+        );
+    }
+}

@@ -38,6 +38,7 @@ fn tokenizer() -> &'static Tokenizer {
 
 fn ort(precision: Precision, batching: BatchOptions) -> TextEmbedder {
     ruri::ort::builder()
+        .graph(ruri::ort::Graph::OnnxFile)
         .precision(precision)
         .batching(batching)
         .build_from_dir(tiny_model_dir())

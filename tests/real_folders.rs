@@ -34,6 +34,7 @@ fn tiny_file(name: &str) -> std::path::PathBuf {
 
 fn ort(dir: &Path, precision: Precision) -> TextEmbedder {
     ruri::ort::builder()
+        .graph(ruri::ort::Graph::OnnxFile)
         .precision(precision)
         .build_from_dir(dir)
         .unwrap_or_else(|e| panic!("{precision} in {}: {e}", dir.display()))
@@ -120,6 +121,7 @@ fn the_preferred_name_wins() {
     );
     // An explicit file beats discovery.
     let embedder = ruri::ort::builder()
+        .graph(ruri::ort::Graph::OnnxFile)
         .precision(Precision::Int8)
         .onnx_file("onnx/model_qint8_avx2.onnx")
         .build_from_dir(dir.path())
@@ -136,6 +138,7 @@ fn a_missing_precision_lists_what_the_folder_has() {
     ]);
     for precision in [Precision::Fp32, Precision::Fp16] {
         match ruri::ort::builder()
+            .graph(ruri::ort::Graph::OnnxFile)
             .precision(precision)
             .build_from_dir(dir.path())
         {
@@ -149,6 +152,7 @@ fn a_missing_precision_lists_what_the_folder_has() {
         }
     }
     let e = ruri::ort::builder()
+        .graph(ruri::ort::Graph::OnnxFile)
         .build_from_dir(dir.path())
         .unwrap_err()
         .to_string();
@@ -254,6 +258,7 @@ fn float16_outputs_are_read() {
         .as_ref()
         .expect("tiny.json has onnxruntime-Python's fp16 vectors");
     match ruri::ort::builder()
+        .graph(ruri::ort::Graph::OnnxFile)
         .precision(Precision::Fp16)
         .build_from_dir(dir.path())
     {

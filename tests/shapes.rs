@@ -106,8 +106,9 @@ fn check_backend(size: &str, backend: &str, embedder: &dyn Embedder, reference: 
     );
 }
 
-fn ort(dir: &Path) -> TextEmbedder {
+fn ort(dir: &Path, graph: ruri::ort::Graph) -> TextEmbedder {
     ruri::ort::builder()
+        .graph(graph)
         .precision(Precision::Fp32)
         .batching(one_batch())
         .build_from_dir(dir)
@@ -182,14 +183,15 @@ fn run_size(size: &str) {
     );
     assert_eq!(reference.dim as u64, hidden, "{size}: reference width");
 
-    let start = Instant::now();
-    let embedder = ort(dir.path());
-    eprintln!(
-        "{size} ort fp32: loaded in {:.2} s",
-        start.elapsed().as_secs_f64()
-    );
-    check_backend(size, "ort fp32", &embedder, &reference);
-    drop(embedder);
+    for (graph, name) in [
+        (ruri::ort::Graph::OnnxFile, "ort fp32 (ONNX file)"),
+        (ruri::ort::Graph::Fused, "ort fused fp32 (from model.safetensors)"),
+    ] {
+        let start = Instant::now();
+        let embedder = ort(dir.path(), graph);
+        eprintln!("{size} {name}: loaded in {:.2} s", start.elapsed().as_secs_f64());
+        check_backend(size, name, &embedder, &reference);
+    }
 
     let start = Instant::now();
     let embedder = candle(dir.path());

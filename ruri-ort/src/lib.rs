@@ -1,4 +1,5 @@
-//! Ruri v3 embeddings on ONNX Runtime (CPU), from fp32, int8 or fp16 ONNX files.
+//! Ruri v3 embeddings on ONNX Runtime (CPU): on ruri's own graph built from
+//! `model.safetensors`, or from fp32, int8 or fp16 ONNX files.
 //!
 //! [`builder()`] makes a [`ruri_core::TextEmbedder`]: the shared pipeline of `ruri-core`
 //! (prompts, whitespace and truncation policies, length-sorted token-budget batches, pooling,
@@ -15,6 +16,42 @@
 //! # Ok::<(), ruri_core::Error>(())
 //! ```
 //!
+//! # Graphs
+//!
+//! [`OrtBuilder::graph`] chooses what ONNX Runtime runs; the default, [`Graph::Auto`], is the
+//! fused graph whenever the folder has `model.safetensors` (and the precision is fp32 or
+//! int8), else the folder's ONNX file.
+//!
+//! * [`Graph::Fused`]: ruri builds the ModernBERT graph itself, in process, from
+//!   `config.json` + `model.safetensors` (ONNX Runtime's Model Editor API; no export step,
+//!   no ONNX file, no Python), so the official cl-nagoya folders run as they are. About 20
+//!   nodes a layer instead of the TorchScript export's 150+: faster session creation and less
+//!   per-operator overhead on short texts. fp32 equals sentence-transformers within 1e-5.
+//!   int8 is quantized at load: weights per output channel (7-bit range, so that x86's
+//!   16-bit `vpmaddubsw` sums never saturate and every x86 CPU computes the same integers),
+//!   activations per token row ([`Int8Activations::PerRow`]: a text's int8 vector does not
+//!   depend on its batch neighbours), with an exact fp32 rescaling of outlier channels folded
+//!   into the LayerNorm weights and the linears after them. Texts over
+//!   [`OrtBuilder::long_text_tokens`] run on a second graph whose attention memory is linear
+//!   in the length (local layers by blocks, global layers unmasked), so one 8,192-token text
+//!   fits in a few hundred MB.
+//! * [`Graph::OnnxFile`]: the folder's ONNX file for the [`Precision`], or
+//!   [`OrtBuilder::onnx_file`].
+//!
+//! ```
+//! use ruri_ort::{Graph, Precision};
+//!
+//! # let folder = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/tiny");
+//! // No ONNX file needed: the graph is built from model.safetensors.
+//! let embedder = ruri_ort::builder()
+//!     .graph(Graph::Fused)
+//!     .precision(Precision::Int8)
+//!     .build_from_dir(folder)?;
+//! let fused = embedder.backend_as::<ruri_ort::FusedBackend>().expect("the fused backend");
+//! assert!(fused.is_int8());
+//! # Ok::<(), ruri_core::Error>(())
+//! ```
+//!
 //! # Model folders
 //!
 //! Either layout works: a sentence-transformers folder with ONNX files, or an ONNX port such as
@@ -22,7 +59,8 @@
 //! `onnx/model_quantized.onnx`). [`Precision`] finds its file under every name real ports use,
 //! in a fixed order ([`Precision::candidates`]); [`OrtBuilder::onnx_file`] runs a given
 //! file instead. A missing precision is [`ruri_core::Error::NoModelFile`], listing the names
-//! tried and the ONNX files the folder has. The official cl-nagoya folders ship no ONNX file.
+//! tried and the ONNX files the folder has. The official cl-nagoya folders ship no ONNX file;
+//! they run on the fused graph.
 //!
 //! The model must take `input_ids` and `attention_mask` (int64, `batch × seq`) and give
 //! `sentence_embedding` (`batch × dim`, mean pooled) or `token_embeddings` /
@@ -83,9 +121,10 @@ pub enum Precision {
     /// within 1e-5.
     #[default]
     Fp32,
-    /// Dynamically quantized int8 weights (`onnx/model_quantized.onnx`, `onnx/model_int8.onnx`,
-    /// sentence-transformers' `onnx/model_qint8_*.onnx`, …): smaller and faster, cosine ≥ 0.99
-    /// to fp32.
+    /// int8: on the fused graph, quantized at load from `model.safetensors` (see "Graphs" in
+    /// the crate docs); from an ONNX file, the dynamically quantized file
+    /// (`onnx/model_quantized.onnx`, `onnx/model_int8.onnx`, sentence-transformers'
+    /// `onnx/model_qint8_*.onnx`, …). Smaller and faster, cosine ≥ 0.99 to fp32.
     Int8,
     /// Half precision (`onnx/model_fp16.onnx`); float16 outputs are read as float16 and
     /// widened to f32.

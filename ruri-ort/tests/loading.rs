@@ -12,7 +12,9 @@ fn copy_tiny(keep: &dyn Fn(&str) -> bool) -> tempfile::TempDir {
 }
 
 fn build(dir: &std::path::Path) -> Result<TextEmbedder, Error> {
-    ruri_ort::builder().build_from_dir(dir)
+    ruri_ort::builder()
+        .graph(ruri_ort::Graph::OnnxFile)
+        .build_from_dir(dir)
 }
 
 #[test]
@@ -59,10 +61,12 @@ fn sentence_transformers_layout_is_detected() {
 #[test]
 fn explicit_onnx_file_equals_the_precision_default() {
     let by_precision = ruri_ort::builder()
+        .graph(ruri_ort::Graph::OnnxFile)
         .precision(Precision::Int8)
         .build_from_dir(tiny_model_dir())
         .unwrap();
     let by_file = ruri_ort::builder()
+        .graph(ruri_ort::Graph::OnnxFile)
         .onnx_file("onnx/model_quantized.onnx")
         .build_from_dir(tiny_model_dir())
         .unwrap();
@@ -98,6 +102,7 @@ fn missing_folder_and_files() {
         Err(Error::NoModelFile { looked_for, found, .. })
             if looked_for[0] == "onnx/model.onnx" && found.is_empty()));
     let int8 = ruri_ort::builder()
+        .graph(ruri_ort::Graph::OnnxFile)
         .precision(Precision::Int8)
         .build_from_dir(no_onnx.path());
     assert!(matches!(int8,
@@ -179,6 +184,7 @@ fn config_that_disagrees_with_the_files() {
 #[test]
 fn invalid_builder_options() {
     let zero_sessions = ruri_ort::builder()
+        .graph(ruri_ort::Graph::OnnxFile)
         .sessions(0)
         .build_from_dir(tiny_model_dir());
     assert!(matches!(
@@ -189,6 +195,7 @@ fn invalid_builder_options() {
         })
     ));
     let zero_threads = ruri_ort::builder()
+        .graph(ruri_ort::Graph::OnnxFile)
         .intra_threads(0)
         .build_from_dir(tiny_model_dir());
     assert!(matches!(

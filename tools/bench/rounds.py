@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Summarize interleaved benchmark rounds (JSON lines; each line one system in one round, with
+a "round" key) as one Markdown table: the median of each metric with its range over the
+rounds, and each system's median ratio to a baseline system of the same run.
+
+    python tools/bench/rounds.py rounds.jsonl [--baseline "ruri ort_int8"]
+
+Written for tools/bench/compare.sh, which runs every system once per round, each in a fresh
+process, rotating the order, so that slow phases of a shared machine fall on all systems.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+# key, header, digits, larger is better
+METRICS = [
+    ("texts_per_s", "texts/s", 0, True),
+    ("p50_ms", "p50 ms", 2, False),
+    ("p99_ms", "p99 ms", 2, False),
+    ("cold_start_s", "cold start s", 3, False),
+    ("peak_rss_mb", "peak RSS MB", 0, False),
+    ("seconds", "one long text s", 2, False),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("file", type=Path)
+    ap.add_argument("--baseline", default="ruri ort_int8")
+    args = ap.parse_args()
+    runs: dict[str, list[dict]] = defaultdict(list)
+    order: list[str] = []
+    for line in args.file.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        r = json.loads(line)
+        if r["system"] not in runs:
+            order.append(r["system"])
+        runs[r["system"]].append(r)
+    metrics = [m for m in METRICS if any(m[0] in r for rs in runs.values() for r in rs)]
+    rounds = max(len(v) for v in runs.values())
+    print(f"Median over {rounds} interleaved rounds (each a fresh process), [min–max].\n")
+    print("| system | " + " | ".join(m[1] for m in metrics) + " |")
+    print("|---|" + "---:|" * len(metrics))
+    med: dict[tuple[str, str], float] = {}
+    for s in order:
+        cells = []
+        for key, _, nd, _ in metrics:
+            vals = [r[key] for r in runs[s] if r.get(key) is not None]
+            if not vals:
+                cells.append("–")
+                continue
+            m = statistics.median(vals)
+            med[(s, key)] = m
+            cells.append(f"{m:,.{nd}f} [{min(vals):,.{nd}f}–{max(vals):,.{nd}f}]")
+        print(f"| {s} (n={len(runs[s])}) | " + " | ".join(cells) + " |")
+    if args.baseline in runs:
+        print(f"\nRatio of medians to {args.baseline} (> 1: better than it).\n")
+        print("| system | " + " | ".join(m[1] for m in metrics) + " |")
+        print("|---|" + "---:|" * len(metrics))
+        for s in order:
+            cells = []
+            for key, _, _, larger in metrics:
+                a, b = med.get((s, key)), med.get((args.baseline, key))
+                cells.append("–" if not a or not b else f"{(a / b) if larger else (b / a):.2f}×")
+            print(f"| {s} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
