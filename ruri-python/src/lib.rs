@@ -7,7 +7,7 @@
 //! pipeline filled: no copy. Errors become the `ruri.RuriError` subclasses of
 //! python/ruri/_errors.py, with ruri's messages.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use numpy::PyArray2;
 use pyo3::exceptions::PyRuntimeError;
@@ -98,6 +98,7 @@ enum Backend {
 /// Builder options that only some backends have.
 struct Options {
     whitespace: Whitespace,
+    hub: HubOptions,
     runtime_path: Option<PathBuf>,
     intra_threads: Option<usize>,
     sessions: Option<usize>,
@@ -152,11 +153,85 @@ const BACKENDS: &[&str] = &[
     "candle",
 ];
 
+/// Where a Hub model is looked up: sentence-transformers' `revision`, `cache_folder`, `token`
+/// and `local_files_only`; unset ones follow the Hugging Face environment variables.
+#[derive(Default)]
+struct HubOptions {
+    revision: Option<String>,
+    cache_folder: Option<PathBuf>,
+    token: Option<String>,
+    local_files_only: bool,
+}
+
+impl HubOptions {
+    fn any(&self) -> bool {
+        self.revision.is_some()
+            || self.cache_folder.is_some()
+            || self.token.is_some()
+            || self.local_files_only
+    }
+}
+
+/// A folder, or (with the `hub` feature) a Hub model id: an existing folder wins, as in
+/// ruri's command lines ([`ruri::hub::ModelSource::parse`]).
+enum Source {
+    Dir(PathBuf),
+    #[cfg(feature = "hub")]
+    Hub(ruri::hub::HubRepo),
+}
+
+fn source(model: &str, hub: &HubOptions) -> ruri::Result<Source> {
+    #[cfg(feature = "hub")]
+    {
+        use ruri::hub::{Hub, ModelSource};
+        match ModelSource::parse(model, hub.revision.as_deref())? {
+            ModelSource::Dir(dir) => {
+                if hub.any() {
+                    return Err(Error::InvalidOption {
+                        name: "revision/cache_folder/token/local_files_only",
+                        value: model.to_owned(),
+                        reason: "the model is a local folder; these options are for Hub ids",
+                    });
+                }
+                Ok(Source::Dir(dir))
+            }
+            ModelSource::Hub(repo) => {
+                let mut client = Hub::from_env();
+                if let Some(dir) = &hub.cache_folder {
+                    client = client.cache_dir(dir);
+                }
+                if let Some(token) = &hub.token {
+                    client = client.token(token);
+                }
+                if hub.local_files_only {
+                    client = client.offline(true);
+                }
+                Ok(Source::Hub(repo.hub(client)))
+            }
+            // `ModelSource` may grow; an unknown kind is refused rather than guessed at.
+            #[allow(unreachable_patterns)]
+            _ => Err(Error::MissingFile { path: model.into() }),
+        }
+    }
+    #[cfg(not(feature = "hub"))]
+    {
+        if hub.any() {
+            return Err(Error::InvalidOption {
+                name: "revision",
+                value: model.to_owned(),
+                reason: "this build of ruri has no Hub support (the `hub` feature)",
+            });
+        }
+        Ok(Source::Dir(model.into()))
+    }
+}
+
 fn batching(max_batch_tokens: Option<usize>) -> Option<ruri::BatchOptions> {
     max_batch_tokens.map(|t| ruri::BatchOptions::default().max_batch_tokens(t))
 }
 
-fn build(model: &Path, backend: &Backend, options: &Options) -> ruri::Result<TextEmbedder> {
+fn build(model: &str, backend: &Backend, options: &Options) -> ruri::Result<TextEmbedder> {
+    let source = source(model, &options.hub)?;
     match backend {
         #[cfg(feature = "ort")]
         Backend::Ort(precision) => {
@@ -175,7 +250,11 @@ fn build(model: &Path, backend: &Backend, options: &Options) -> ruri::Result<Tex
             if let Some(batching) = batching(options.max_batch_tokens) {
                 builder = builder.batching(batching);
             }
-            builder.build_from_dir(model)
+            match source {
+                Source::Dir(dir) => builder.build_from_dir(dir),
+                #[cfg(feature = "hub")]
+                Source::Hub(repo) => builder.build_from_hub(repo),
+            }
         }
         #[cfg(feature = "candle")]
         Backend::Candle(dtype) => {
@@ -185,21 +264,13 @@ fn build(model: &Path, backend: &Backend, options: &Options) -> ruri::Result<Tex
             if let Some(batching) = batching(options.max_batch_tokens) {
                 builder = builder.batching(batching);
             }
-            builder.build_from_dir(model)
+            match source {
+                Source::Dir(dir) => builder.build_from_dir(dir),
+                #[cfg(feature = "hub")]
+                Source::Hub(repo) => builder.build_from_hub(repo),
+            }
         }
     }
-}
-
-/// `default_prompt_name` of the folder's `config_sentence_transformers.json`, which
-/// sentence-transformers applies when a call names no prompt. ruri-core has already checked
-/// the file parses; an absent file or key means none.
-fn default_prompt_name(model: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(model.join("config_sentence_transformers.json")).ok()?;
-    let config: serde_json::Value = serde_json::from_str(&text).ok()?;
-    config
-        .get("default_prompt_name")?
-        .as_str()
-        .map(str::to_owned)
 }
 
 /// A loaded model: ruri's `TextEmbedder` behind `ruri.Embedder`.
@@ -209,25 +280,25 @@ fn default_prompt_name(model: &Path) -> Option<String> {
 #[pyclass(frozen, module = "ruri._ruri")]
 struct Engine {
     embedder: TextEmbedder,
-    model: PathBuf,
+    model: String,
     backend: &'static str,
     precision: String,
     whitespace: &'static str,
-    default_prompt_name: Option<String>,
 }
 
 #[pymethods]
 impl Engine {
-    /// Loads the model folder `model` on `backend` ("ort" or "candle") at `precision`.
+    /// Loads `model` (a folder, or a Hub model id with the `hub` feature) on `backend` ("ort"
+    /// or "candle") at `precision`.
     #[new]
-    #[pyo3(signature = (model, backend, precision, whitespace, runtime_path=None, intra_threads=None, sessions=None, max_batch_tokens=None))]
+    #[pyo3(signature = (model, backend, precision, whitespace, runtime_path=None, intra_threads=None, sessions=None, max_batch_tokens=None, revision=None, cache_folder=None, token=None, local_files_only=false))]
     #[allow(
         clippy::too_many_arguments,
         reason = "a Python signature of keyword arguments"
     )]
     fn new(
         py: Python<'_>,
-        model: PathBuf,
+        model: String,
         backend: &str,
         precision: &str,
         whitespace: &str,
@@ -235,6 +306,10 @@ impl Engine {
         intra_threads: Option<usize>,
         sessions: Option<usize>,
         max_batch_tokens: Option<usize>,
+        revision: Option<String>,
+        cache_folder: Option<PathBuf>,
+        token: Option<String>,
+        local_files_only: bool,
     ) -> PyResult<Self> {
         let kind = parse_backend(backend, precision).map_err(|(c, m)| py_error(py, c, m))?;
         let (whitespace, whitespace_name) = match whitespace {
@@ -256,6 +331,12 @@ impl Engine {
         };
         let options = Options {
             whitespace,
+            hub: HubOptions {
+                revision,
+                cache_folder,
+                token,
+                local_files_only,
+            },
             runtime_path,
             intra_threads,
             sessions,
@@ -267,7 +348,6 @@ impl Engine {
             .map_err(|e| to_py(py, e, Phase::Load))?;
         Ok(Self {
             embedder,
-            default_prompt_name: default_prompt_name(&model),
             model,
             backend,
             precision: precision.to_owned(),
@@ -298,10 +378,12 @@ impl Engine {
         let task = match (prompt, prompt_name) {
             (Some(text), _) => Task::Prompt(text),
             (None, Some(name)) => Task::Named(name),
+            // sentence-transformers applies the model's default prompt when none is named.
             (None, None) => self
-                .default_prompt_name
-                .clone()
-                .map_or(Task::None, Task::Named),
+                .embedder
+                .prompts()
+                .default_name()
+                .map_or(Task::None, |name| Task::Named(name.to_owned())),
         };
         let dim = self.embedder.dim();
         let keep = truncate_dim.map_or(dim, |d| d.clamp(1, dim));
@@ -378,12 +460,12 @@ impl Engine {
     /// `default_prompt_name` of config_sentence_transformers.json, if any.
     #[getter]
     fn default_prompt_name(&self) -> Option<&str> {
-        self.default_prompt_name.as_deref()
+        self.embedder.prompts().default_name()
     }
 
-    /// The model folder.
+    /// The model as given: a folder or a Hub id.
     #[getter]
-    fn model(&self) -> &Path {
+    fn model(&self) -> &str {
         &self.model
     }
 
@@ -458,6 +540,7 @@ fn _ruri(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("BACKENDS", BACKENDS.to_vec())?;
     m.add("ONNXRUNTIME_VERSION", ort_version())?;
+    m.add("HUB", cfg!(feature = "hub"))?;
     Ok(())
 }
 

@@ -3,7 +3,7 @@
 ::
 
     import ruri
-    model = ruri.Embedder("path/to/ruri-v3-30m")          # ONNX Runtime, int8
+    model = ruri.Embedder("cl-nagoya/ruri-v3-30m")        # or a folder; ONNX Runtime, int8
     vectors = model.encode_document(["瑠璃は青い宝石です。"])  # float32, shape (1, 256)
 
 :class:`Embedder` takes sentence-transformers' ``encode`` / ``encode_query`` /
@@ -21,13 +21,14 @@ from ._errors import (
     RuriError,
     UnsupportedArgumentError,
 )
-from ._ruri import BACKENDS, ONNXRUNTIME_VERSION, __version__
+from ._ruri import BACKENDS, HUB, ONNXRUNTIME_VERSION, __version__
 from ._embedder import Embedder, onnxruntime_library
 
 __all__ = [
     "Embedder",
     "onnxruntime_library",
     "BACKENDS",
+    "HUB",
     "ONNXRUNTIME_VERSION",
     "RuriError",
     "ModelLoadError",

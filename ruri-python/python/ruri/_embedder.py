@@ -11,7 +11,7 @@ from typing import Any, Iterable, List, Optional, Sequence, Union
 import numpy as np
 
 from . import _ruri
-from ._errors import InputError, InputTypeError, ModelLoadError, UnsupportedArgumentError
+from ._errors import InputError, InputTypeError, UnsupportedArgumentError
 
 __all__ = ["Embedder", "onnxruntime_library"]
 
@@ -83,10 +83,12 @@ class Embedder:
     """A Ruri v3 model on ruri's Rust engine, used like ``sentence_transformers.SentenceTransformer``.
 
     Args:
-        model: A model folder: sentence-transformers layout (``config.json``,
-            ``tokenizer.json``, ``modules.json``, ``onnx/*.onnx`` or ``model.safetensors``) or an
-            ONNX port such as sirasagi62/ruri-v3-30m-ONNX. Hugging Face Hub ids are not
-            supported by this build: download the folder and pass its path.
+        model: A model folder (sentence-transformers layout: ``config.json``,
+            ``tokenizer.json``, ``modules.json``, ``model.safetensors`` and/or ``onnx/*.onnx``;
+            or an ONNX port such as sirasagi62/ruri-v3-30m-ONNX), or a Hugging Face Hub model
+            id (``"cl-nagoya/ruri-v3-30m"``), downloaded into the standard Hugging Face cache
+            (only the files the backend runs) or found there. An existing folder wins over an
+            id of the same spelling.
         backend: ``"ort"`` (ONNX Runtime; default) or ``"candle"`` (reads model.safetensors).
         precision: ort: ``"int8"`` (default; the quantized ONNX file), ``"fp32"``,
             ``"fp16"``. candle: ``"fp32"`` (default), ``"bf16"``, ``"fp16"``.
@@ -97,7 +99,11 @@ class Embedder:
         device: ``None`` or ``"cpu"`` (ruri's Python package runs on the CPU).
         truncate_dim: Keep only the first ``truncate_dim`` dimensions of every vector
             (sentence-transformers' Matryoshka option); ``encode`` may override it.
-        revision: A Hub revision; not supported by this build (raises if given).
+        revision: A Hub branch, tag or commit (default ``"main"``); Hub ids only.
+        cache_folder: The Hub cache (default: ``HF_HUB_CACHE`` / ``HF_HOME``, as
+            ``huggingface_hub``).
+        token: A Hub token (default: ``HF_TOKEN``, else the token file).
+        local_files_only: Use the cache only, never the network (as ``HF_HUB_OFFLINE=1``).
         runtime_path: The ONNX Runtime shared library to load. Default: ``ORT_DYLIB_PATH``
             if set, else the library of the installed ``onnxruntime`` wheel, else ruri's own
             search (``~/.cache/ruri/onnxruntime-<version>/``, the system path).
@@ -107,11 +113,11 @@ class Embedder:
         max_batch_tokens: The padded-token budget per batch (default 8192).
 
     Raises:
-        ModelLoadError: The folder is missing or unusable.
+        ModelLoadError: The folder is missing or unusable; the Hub id is unknown, not cached
+            offline, or unreachable.
         RuntimeUnavailableError: ONNX Runtime cannot be loaded.
         InputError: An unknown backend, precision or whitespace policy.
-        UnsupportedArgumentError: ``revision``, a non-CPU ``device``, or an ort-only option
-            with candle.
+        UnsupportedArgumentError: A non-CPU ``device``, or an ort-only option with candle.
     """
 
     def __init__(
@@ -124,25 +130,27 @@ class Embedder:
         device: Optional[str] = None,
         truncate_dim: Optional[int] = None,
         revision: Optional[str] = None,
+        cache_folder: Optional[Union[str, "os.PathLike[str]"]] = None,
+        token: Optional[str] = None,
+        local_files_only: bool = False,
         runtime_path: Optional[Union[str, "os.PathLike[str]"]] = None,
         intra_threads: Optional[int] = None,
         sessions: Optional[int] = None,
         max_batch_tokens: Optional[int] = None,
     ) -> None:
         if not isinstance(model, (str, os.PathLike)):
-            raise InputTypeError(f"model must be a folder path, got {type(model).__name__}")
+            raise InputTypeError(
+                f"model must be a folder path or a Hub id, got {type(model).__name__}")
         for name, value in (("backend", backend), ("whitespace", whitespace)):
             if not isinstance(value, str):
                 raise InputTypeError(f"{name} must be a str, got {type(value).__name__}")
-        _check_optional_str("precision", precision)
+        for name, value in (("precision", precision), ("revision", revision),
+                            ("token", token)):
+            _check_optional_str(name, value)
         if device is not None and device != "cpu":
             raise UnsupportedArgumentError(
                 f"device={device!r} is not supported: ruri's Python package runs on the CPU "
                 "(device=None or 'cpu')")
-        if revision is not None:
-            raise UnsupportedArgumentError(
-                "revision is not supported: this build loads model folders only, not Hugging "
-                "Face Hub ids")
         if backend != "ort":
             for name, value in (("runtime_path", runtime_path), ("intra_threads", intra_threads),
                                 ("sessions", sessions)):
@@ -154,10 +162,8 @@ class Embedder:
         sessions = _check_positive_int("sessions", sessions)
         max_batch_tokens = _check_positive_int("max_batch_tokens", max_batch_tokens)
         path = os.fspath(model)
-        if not os.path.isdir(path):
-            raise ModelLoadError(
-                f"missing file {path} (a model folder is needed; this build does not load "
-                "Hugging Face Hub ids)")
+        if revision is not None and not _ruri.HUB:
+            raise UnsupportedArgumentError("revision: this build of ruri has no Hub support")
         if precision is None:
             precision = _DEFAULT_PRECISION.get(backend, "fp32")
         if runtime_path is None and backend == "ort" and not os.environ.get("ORT_DYLIB_PATH"):
@@ -166,6 +172,9 @@ class Embedder:
             path, backend, precision, whitespace,
             runtime_path=None if runtime_path is None else os.fspath(runtime_path),
             intra_threads=intra_threads, sessions=sessions, max_batch_tokens=max_batch_tokens,
+            revision=revision,
+            cache_folder=None if cache_folder is None else os.fspath(cache_folder),
+            token=token, local_files_only=bool(local_files_only),
         )
 
     # ------------------------------------------------------------------ sentence-transformers API
@@ -364,8 +373,8 @@ class Embedder:
 
     @property
     def model_path(self) -> str:
-        """The model folder."""
-        return str(self._engine.model)
+        """The model as given: a folder or a Hub id."""
+        return self._engine.model
 
     def token_counts(self, sentences: Sentences, prompt: Optional[str] = None) -> List[int]:
         """Tokens each text feeds the model (prompt and special tokens included, after

@@ -8,6 +8,7 @@ import numpy.typing as npt
 __version__: str
 BACKENDS: List[str]
 ONNXRUNTIME_VERSION: str
+HUB: bool
 
 class Engine:
     """A loaded model: ruri's TextEmbedder. Use ``ruri.Embedder``, which checks arguments."""
@@ -22,6 +23,10 @@ class Engine:
         intra_threads: Optional[int] = None,
         sessions: Optional[int] = None,
         max_batch_tokens: Optional[int] = None,
+        revision: Optional[str] = None,
+        cache_folder: Optional[str] = None,
+        token: Optional[str] = None,
+        local_files_only: bool = False,
     ) -> None: ...
     def embed(
         self,
