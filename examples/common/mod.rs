@@ -42,10 +42,15 @@ pub enum WhitespaceArg {
 /// The model flags every example takes.
 #[derive(Debug, clap::Args)]
 pub struct ModelArgs {
-    /// Model folder (sentence-transformers layout with onnx/, or an ONNX port). Default: the
-    /// committed tiny random-weight test model.
+    /// Model folder (sentence-transformers layout, or an ONNX port), or a Hugging Face Hub
+    /// model id (org/name: only the files the backend and precision need are downloaded into
+    /// the Hub's cache; HF_ENDPOINT, HF_HUB_CACHE, HF_TOKEN, HF_HUB_OFFLINE apply). An
+    /// existing folder wins over an id. Default: the committed tiny random-weight test model.
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// Branch, tag or commit of a Hub model id (default: main).
+    #[arg(long)]
+    pub revision: Option<String>,
     /// Inference backend.
     #[arg(long, value_enum, default_value_t = BackendArg::Ort)]
     pub backend: BackendArg,
@@ -92,12 +97,12 @@ impl ModelArgs {
         }
     }
 
-    /// Loads the model in `dir` with the chosen backend and precision; `threads` and
-    /// `sessions` are ONNX Runtime's (candle ignores them). A precision the backend lacks is
-    /// [`ruri::Error::InvalidOption`].
+    /// Loads `model` (a folder, or a Hub id at `--revision`) with the chosen backend and
+    /// precision; `threads` and `sessions` are ONNX Runtime's (candle ignores them). A
+    /// precision the backend lacks is [`ruri::Error::InvalidOption`].
     pub fn load(
         &self,
-        dir: &Path,
+        model: &Path,
         threads: Option<usize>,
         sessions: Option<usize>,
     ) -> ruri::Result<TextEmbedder> {
@@ -108,6 +113,7 @@ impl ModelArgs {
                 reason,
             });
         }
+        let source = Source::parse(model, self.revision.as_deref())?;
         Ok(match self.backend {
             BackendArg::Ort => {
                 let precision = match self.precision {
@@ -127,7 +133,7 @@ impl ModelArgs {
                 if let Some(sessions) = sessions {
                     builder = builder.sessions(sessions);
                 }
-                builder.build_from_dir(dir)?
+                source.build_ort(builder)?
             }
             BackendArg::Candle => {
                 let dtype = match self.precision {
@@ -135,12 +141,53 @@ impl ModelArgs {
                     Precision::Fp16 => DType::F16,
                     _ => DType::F32,
                 };
-                ruri::candle::builder()
+                let builder = ruri::candle::builder()
                     .dtype(dtype)
-                    .whitespace(self.whitespace())
-                    .build_from_dir(dir)?
+                    .whitespace(self.whitespace());
+                source.build_candle(builder)?
             }
         })
+    }
+}
+
+/// `--model` and `--revision`: a folder, or (with the `hub` feature) a Hub model id.
+#[cfg(feature = "hub")]
+struct Source(ruri::hub::ModelSource);
+
+#[cfg(feature = "hub")]
+impl Source {
+    fn parse(model: &Path, revision: Option<&str>) -> ruri::Result<Self> {
+        ruri::hub::ModelSource::parse(model, revision).map(Source)
+    }
+    fn build_ort(self, builder: ruri::ort::OrtBuilder) -> ruri::Result<TextEmbedder> {
+        builder.build(self.0)
+    }
+    fn build_candle(self, builder: ruri::candle::CandleBuilder) -> ruri::Result<TextEmbedder> {
+        builder.build(self.0)
+    }
+}
+
+/// `--model`: a folder only (this build has no `hub` feature).
+#[cfg(not(feature = "hub"))]
+struct Source(PathBuf);
+
+#[cfg(not(feature = "hub"))]
+impl Source {
+    fn parse(model: &Path, revision: Option<&str>) -> ruri::Result<Self> {
+        match revision {
+            Some(revision) => Err(ruri::Error::InvalidOption {
+                name: "--revision",
+                value: revision.to_owned(),
+                reason: "this build has no `hub` feature: --model takes a folder only",
+            }),
+            None => Ok(Source(model.to_path_buf())),
+        }
+    }
+    fn build_ort(self, builder: ruri::ort::OrtBuilder) -> ruri::Result<TextEmbedder> {
+        builder.build_from_dir(self.0)
+    }
+    fn build_candle(self, builder: ruri::candle::CandleBuilder) -> ruri::Result<TextEmbedder> {
+        builder.build_from_dir(self.0)
     }
 }
 

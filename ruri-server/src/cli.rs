@@ -102,9 +102,15 @@ pub enum WhitespaceArg {
 /// The model flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ModelArgs {
-    /// Model folder (sentence-transformers layout with onnx/, or an ONNX port). Required.
+    /// Model folder (sentence-transformers layout, or an ONNX port), or a Hugging Face Hub
+    /// model id (org/name; only the files the backend and precision need are downloaded into
+    /// the Hub's cache; HF_ENDPOINT, HF_HUB_CACHE, HF_TOKEN and HF_HUB_OFFLINE apply). An
+    /// existing folder wins over an id. Required.
     #[arg(long, env = "RURI_MODEL")]
     pub model: PathBuf,
+    /// Branch, tag or commit of a Hub model id (default: main; pin a commit in production).
+    #[arg(long, env = "RURI_REVISION")]
+    pub revision: Option<String>,
     /// Inference backend.
     #[arg(long, env = "RURI_BACKEND", value_enum, default_value_t = BackendArg::Ort)]
     pub backend: BackendArg,
@@ -191,7 +197,7 @@ impl ModelArgs {
         if let Some(sessions) = sessions {
             builder = builder.sessions(sessions);
         }
-        builder.build_from_dir(&self.model)
+        self.source()?.build_ort(builder)
     }
 
     #[cfg(not(feature = "ort"))]
@@ -207,15 +213,69 @@ impl ModelArgs {
             Precision::Fp16 => DType::F16,
             Precision::Fp32 | Precision::Int8 => DType::F32,
         };
-        ruri::candle::builder()
+        let builder = ruri::candle::builder()
             .dtype(dtype)
-            .whitespace(self.whitespace())
-            .build_from_dir(&self.model)
+            .whitespace(self.whitespace());
+        self.source()?.build_candle(builder)
+    }
+
+    /// `--model` and `--revision`.
+    #[cfg(any(feature = "ort", feature = "candle"))]
+    fn source(&self) -> ruri::Result<Source> {
+        Source::parse(&self.model, self.revision.as_deref())
     }
 
     #[cfg(not(feature = "candle"))]
     fn load_candle(&self) -> ruri::Result<TextEmbedder> {
         Err(feature_error("candle"))
+    }
+}
+
+/// `--model`: a folder, or (with the `hub` feature) a Hub model id.
+#[cfg(feature = "hub")]
+struct Source(ruri::hub::ModelSource);
+
+#[cfg(feature = "hub")]
+impl Source {
+    fn parse(model: &Path, revision: Option<&str>) -> ruri::Result<Self> {
+        ruri::hub::ModelSource::parse(model, revision).map(Source)
+    }
+}
+
+/// `--model`: a folder only (this build has no `hub` feature).
+#[cfg(not(feature = "hub"))]
+struct Source(PathBuf);
+
+#[cfg(not(feature = "hub"))]
+impl Source {
+    fn parse(model: &Path, revision: Option<&str>) -> ruri::Result<Self> {
+        match revision {
+            Some(revision) => Err(ruri::Error::InvalidOption {
+                name: "--revision",
+                value: revision.to_owned(),
+                reason: "this ruri-server was built without the `hub` feature: --model takes a \
+                         folder only",
+            }),
+            None => Ok(Source(model.to_path_buf())),
+        }
+    }
+}
+
+impl Source {
+    #[cfg(feature = "ort")]
+    fn build_ort(self, builder: ruri::ort::OrtBuilder) -> ruri::Result<TextEmbedder> {
+        #[cfg(feature = "hub")]
+        return builder.build(self.0);
+        #[cfg(not(feature = "hub"))]
+        return builder.build_from_dir(self.0);
+    }
+
+    #[cfg(feature = "candle")]
+    fn build_candle(self, builder: ruri::candle::CandleBuilder) -> ruri::Result<TextEmbedder> {
+        #[cfg(feature = "hub")]
+        return builder.build(self.0);
+        #[cfg(not(feature = "hub"))]
+        return builder.build_from_dir(self.0);
     }
 }
 
