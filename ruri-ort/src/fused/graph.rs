@@ -619,7 +619,12 @@ fn layer(
         (x.to_owned(), None)
     } else {
         let mut gamma = st.read(&format!("{p}.attn_norm.weight"))?;
-        let smooth = int8.then(|| smoothing(&gamma));
+        let smooth = if int8 {
+            let w = st.read(&format!("{p}.attn.Wqkv.weight"))?;
+            Some(smoothing(&[(&w, 3 * h)], h))
+        } else {
+            None
+        };
         if let Some(sm) = &smooth {
             gamma.iter_mut().zip(sm).for_each(|(g, s)| *g /= s);
         }
@@ -708,7 +713,12 @@ fn layer(
     .map_err(fail)?;
 
     let mut gamma = st.read(&format!("{p}.mlp_norm.weight"))?;
-    let smooth_mlp = int8.then(|| smoothing(&gamma));
+    let smooth_mlp = if int8 {
+        let w = st.read(&format!("{p}.mlp.Wi.weight"))?;
+        Some(smoothing(&[(&w, 2 * i)], h))
+    } else {
+        None
+    };
     if let Some(sm) = &smooth_mlp {
         gamma.iter_mut().zip(sm).for_each(|(g, s)| *g /= s);
     }

@@ -280,20 +280,35 @@ pub(crate) fn quantize_columns(w: &[f32], k: usize, n: usize) -> QuantizedWeight
     QuantizedWeight { q, scale }
 }
 
-/// Smoothing factors for the channels of a LayerNorm output that feeds int8 linears: a
-/// channel whose LayerNorm weight is far above the typical one (an activation outlier, which
-/// would take a per-row int8 scale for itself alone) is divided by `s = sqrt(|γ| / median)`
-/// (SmoothQuant's α = ½ with |γ| standing in for the activation range), and the weight rows
-/// it feeds are multiplied by `s`. In exact arithmetic the product is unchanged.
-pub(crate) fn smoothing(gamma: &[f32]) -> Vec<f32> {
-    let mut magnitudes: Vec<f32> = gamma.iter().map(|g| g.abs()).collect();
-    magnitudes.sort_by(f32::total_cmp);
-    let median = magnitudes[magnitudes.len() / 2].max(f32::MIN_POSITIVE);
-    gamma
+/// Smoothing factors for the input channels of the linears that read one LayerNorm's output
+/// (`weights`: their `nn.Linear` matrices, `out × inp` each).
+///
+/// Trained transformers keep small the weights that read a massive-activation channel, and
+/// such a channel takes a per-row int8 scale for itself alone. So an input channel whose
+/// largest weight is under a quarter of the typical (median) one is divided by
+/// `s = sqrt(median / largest)` in the norm's weight, and its weight rows are multiplied by
+/// `s`: exact in fp32 (the product is unchanged), and the scaled rows stay under the typical
+/// largest weight, so the per-column weight scales do not grow.
+pub(crate) fn smoothing(weights: &[(&[f32], usize)], inp: usize) -> Vec<f32> {
+    let mut largest = vec![0f32; inp];
+    for &(w, out) in weights {
+        for row in w.chunks_exact(inp).take(out) {
+            for (m, &x) in largest.iter_mut().zip(row) {
+                *m = m.max(x.abs());
+            }
+        }
+    }
+    let mut sorted = largest.clone();
+    sorted.sort_by(f32::total_cmp);
+    let median = sorted[inp / 2];
+    largest
         .iter()
-        .map(|g| {
-            let ratio = g.abs() / median;
-            if ratio > 4.0 { ratio.sqrt() } else { 1.0 }
+        .map(|&m| {
+            if m > 0.0 && m < median / 4.0 {
+                (median / m).sqrt()
+            } else {
+                1.0
+            }
         })
         .collect()
 }
@@ -327,12 +342,17 @@ mod tests {
     }
 
     #[test]
-    fn smoothing_touches_only_outlier_channels() {
-        let mut gamma = vec![1.0f32; 16];
-        gamma[3] = 36.0;
-        gamma[5] = -2.0;
-        let s = smoothing(&gamma);
-        assert_eq!(s[3], 6.0);
-        assert!(s.iter().enumerate().all(|(i, &v)| i == 3 || v == 1.0));
+    fn smoothing_lifts_only_weakly_read_channels() {
+        // Two linears (3 × 8 and 2 × 8) reading 8 channels; channel 3 is read with weights
+        // 1/36 of the others, channel 5 with half.
+        let mut a = vec![1.0f32; 3 * 8];
+        let mut b = vec![-1.0f32; 2 * 8];
+        for row in a.chunks_exact_mut(8).chain(b.chunks_exact_mut(8)) {
+            row[3] /= 36.0;
+            row[5] /= 2.0;
+        }
+        let s = smoothing(&[(&a, 3), (&b, 2)], 8);
+        assert!((s[3] - 6.0).abs() < 1e-5, "{s:?}");
+        assert!(s.iter().enumerate().all(|(i, &v)| i == 3 || v == 1.0), "{s:?}");
     }
 }
