@@ -52,8 +52,9 @@ struct Args {
     max_batch_size: Option<usize>,
     /// Internal: run one system in this process; the value is the parent's clock at spawn
     /// (seconds since the epoch).
-    /// Instead of the workload: embed one document of about this many tokens (documents of
-    /// the workload joined), --repeats times, and report its time and the peak RSS.
+    /// Instead of the workload: embed one document of at least this many tokens (documents
+    /// of the workload joined; truncated at the model's maximum length), --repeats times, and
+    /// report its time, its token count and the peak RSS.
     #[arg(long)]
     long_text: Option<usize>,
     /// Instead of timing: the cosine of each system's normalized vectors to fused_fp32's
@@ -260,10 +261,11 @@ fn long_text(
     tokens: usize,
     cold_start_s: f64,
 ) -> Result<serde_json::Value, String> {
-    // ≈ 2.7 characters a token on this workload; the exact count is reported.
+    // 2.7–3.5 characters a token on this workload: 4 per token overshoots, and the text is
+    // truncated to the model's maximum length when that is lower; the count is reported.
     let mut text = String::new();
     for d in documents.iter().cycle() {
-        if text.chars().count() as f64 >= tokens as f64 * 2.7 {
+        if text.chars().count() >= tokens * 4 {
             break;
         }
         text.push_str(d);
