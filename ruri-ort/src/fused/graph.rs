@@ -258,12 +258,10 @@ fn build_inner(
     let h = shapes.hidden as i64;
     let graph = Graph::new().map_err(fail)?;
     let mut b = Builder { graph, next: 0 };
-    let f32_tensor = |dims: Vec<i64>, names: Vec<String>| {
-        ValueType::Tensor {
-            ty: TensorElementType::Float32,
-            shape: Shape::new(dims),
-            dimension_symbols: SymbolicDimensions::new(names),
-        }
+    let f32_tensor = |dims: Vec<i64>, names: Vec<String>| ValueType::Tensor {
+        ty: TensorElementType::Float32,
+        shape: Shape::new(dims),
+        dimension_symbols: SymbolicDimensions::new(names),
     };
     let mut inputs = vec![Outlet::new(
         "embeddings",
@@ -295,7 +293,9 @@ fn build_inner(
     // Embedding LayerNorm (the lookup happened in Rust).
     let gamma = st.read("embeddings.norm.weight")?;
     let gamma = b.init("emb_norm", &[h], &gamma).map_err(fail)?;
-    let mut x = b.layer_norm("embeddings", &gamma, shapes.eps).map_err(fail)?;
+    let mut x = b
+        .layer_norm("embeddings", &gamma, shapes.eps)
+        .map_err(fail)?;
 
     for (n, &kind) in shapes.kinds.iter().enumerate() {
         x = layer(&mut b, st, shapes, &shared, n, kind, &x, fail)?;
@@ -415,7 +415,11 @@ fn shared_nodes(
             let axes = b.i64s("axes12", &[1, 2])?;
             let pad4 = b.one("Unsqueeze", &[&pad, &axes], vec![])?;
             let shape = b.one("Shape", &["attention_mask"], vec![])?;
-            let (s0, s1, s2) = (b.i64s("s0", &[0])?, b.i64s("s1", &[1])?, b.i64s("s2", &[2])?);
+            let (s0, s1, s2) = (
+                b.i64s("s0", &[0])?,
+                b.i64s("s1", &[1])?,
+                b.i64s("s2", &[2])?,
+            );
             let batch = b.one("Slice", &[&shape, &s0, &s1], vec![])?;
             let seq = b.one("Slice", &[&shape, &s1, &s2], vec![])?;
             let one_i = b.i64s("one_i", &[1])?;
@@ -556,10 +560,15 @@ fn linear(
 ) -> ort::Result<String> {
     match (w, shared.linears) {
         (Weight::Fp32(w), _) => b.one("MatMul", &[x, w], vec![]),
-        (Weight::Int8 { q, scale }, Linears::Int8PerTensor) => {
-            Ok(b.op("DynamicQuantizeMatMul", MS_DOMAIN, &[x, q, scale], 1, vec![])?
-                .remove(0))
-        }
+        (Weight::Int8 { q, scale }, Linears::Int8PerTensor) => Ok(b
+            .op(
+                "DynamicQuantizeMatMul",
+                MS_DOMAIN,
+                &[x, q, scale],
+                1,
+                vec![],
+            )?
+            .remove(0)),
         (Weight::Int8 { q, scale }, _) => {
             let rq = shared.row_quant.as_ref().expect("per-row graphs have one");
             if cache.is_none() {
@@ -632,7 +641,16 @@ fn layer(
         (b.layer_norm(x, &gamma, s.eps).map_err(fail)?, smooth)
     };
     let wqkv = format!("{p}.attn.Wqkv.weight");
-    let qkv_w = weight(b, st, shared.linears, &wqkv, 0..3 * h, h, smooth_attn.as_deref(), fail)?;
+    let qkv_w = weight(
+        b,
+        st,
+        shared.linears,
+        &wqkv,
+        0..3 * h,
+        h,
+        smooth_attn.as_deref(),
+        fail,
+    )?;
     let attn_out = (|| -> ort::Result<String> {
         let qkv = linear(b, shared, &normed, &qkv_w, &mut None)?;
         let mut parts = b.op(
@@ -699,13 +717,24 @@ fn layer(
                     Some(bias) => vec![&q, &k, &v, "", "", bias],
                     None => vec![&q, &k, &v],
                 };
-                Ok(b.op("MultiHeadAttention", MS_DOMAIN, &inputs, 1, mha_attrs()?)?
-                    .remove(0))
+                Ok(
+                    b.op("MultiHeadAttention", MS_DOMAIN, &inputs, 1, mha_attrs()?)?
+                        .remove(0),
+                )
             }
         }
     })()
     .map_err(fail)?;
-    let wo = weight(b, st, shared.linears, &format!("{p}.attn.Wo.weight"), 0..h, h, None, fail)?;
+    let wo = weight(
+        b,
+        st,
+        shared.linears,
+        &format!("{p}.attn.Wo.weight"),
+        0..h,
+        h,
+        None,
+        fail,
+    )?;
     let x = (|| -> ort::Result<String> {
         let o = linear(b, shared, &attn_out, &wo, &mut None)?;
         b.one("Add", &[x, &o], vec![])
@@ -724,9 +753,36 @@ fn layer(
     }
     let gamma = b.init("mlp_norm", &[h as i64], &gamma).map_err(fail)?;
     let wi = format!("{p}.mlp.Wi.weight");
-    let wi_in = weight(b, st, shared.linears, &wi, 0..i, h, smooth_mlp.as_deref(), fail)?;
-    let wi_gate = weight(b, st, shared.linears, &wi, i..2 * i, h, smooth_mlp.as_deref(), fail)?;
-    let wo = weight(b, st, shared.linears, &format!("{p}.mlp.Wo.weight"), 0..h, i, None, fail)?;
+    let wi_in = weight(
+        b,
+        st,
+        shared.linears,
+        &wi,
+        0..i,
+        h,
+        smooth_mlp.as_deref(),
+        fail,
+    )?;
+    let wi_gate = weight(
+        b,
+        st,
+        shared.linears,
+        &wi,
+        i..2 * i,
+        h,
+        smooth_mlp.as_deref(),
+        fail,
+    )?;
+    let wo = weight(
+        b,
+        st,
+        shared.linears,
+        &format!("{p}.mlp.Wo.weight"),
+        0..h,
+        i,
+        None,
+        fail,
+    )?;
     (|| -> ort::Result<String> {
         let normed = b.layer_norm(&x, &gamma, s.eps)?;
         let mut cache = None;

@@ -1,9 +1,10 @@
 //! The fused backend: ruri's own ModernBERT graph, built in process from `config.json` +
 //! `model.safetensors` (no ONNX file, no Python), run by ONNX Runtime.
 //!
-//! * The token-embedding table stays in Rust (f32, or int8 per row for int8 models) and the
-//!   lookup happens here: the `vocab × hidden` table (70 % of ruri-v3-30m's weights) exists
-//!   once, whatever the number of sessions.
+//! * The token-embedding table stays in the file: it is memory-mapped and the lookup happens
+//!   here, so the `vocab × hidden` table (70 % of ruri-v3-30m's weights) is neither read
+//!   at load nor copied, only the pages of the tokens used become resident (and are shared
+//!   with the page cache and other processes), whatever the number of sessions.
 //! * Every other weight goes straight from the file into ONNX Runtime's memory as an
 //!   initializer: one copy.
 //! * Batches whose longest text is over [`OrtBuilder::long_text_tokens`](crate::OrtBuilder::long_text_tokens)
@@ -26,37 +27,14 @@ pub(crate) use graph::Linears;
 use graph::{Shapes, Variant};
 use weights::Safetensors;
 
-/// The token-embedding table.
-enum Table {
-    F32(Vec<f32>),
-    /// Symmetric int8 per row (token), with the row's scale.
-    Int8 { q: Vec<i8>, scale: Vec<f32> },
-}
+/// The token-embedding table, read in place from the mapped checkpoint, in full precision
+/// at every precision (it is a lookup, not a matmul: int8 would save memory only).
+struct Table(weights::MappedRows);
 
 impl Table {
-    fn load(st: &mut Safetensors, config: &ModelConfig, int8: bool) -> Result<Self> {
-        let table = st.read("embeddings.tok_embeddings.weight")?;
-        if !int8 {
-            return Ok(Table::F32(table));
-        }
-        let h = config.hidden_size;
-        let mut q = Vec::with_capacity(table.len());
-        let mut scale = Vec::with_capacity(config.vocab_size);
-        for row in table.chunks_exact(h) {
-            let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let s = if max > 0.0 { max / 127.0 } else { 1.0 };
-            q.extend(row.iter().map(|v| (v / s).round().clamp(-127.0, 127.0) as i8));
-            scale.push(s);
-        }
-        Ok(Table::Int8 { q, scale })
-    }
-
     /// Appends the rows of `ids` to `out`; an id outside the table is an error.
     fn lookup(&self, ids: &[i64], hidden: usize, out: &mut Vec<f32>) -> Result<()> {
-        let rows = match self {
-            Table::F32(t) => t.len() / hidden,
-            Table::Int8 { scale, .. } => scale.len(),
-        };
+        let rows = self.0.rows();
         out.reserve(ids.len() * hidden);
         for &id in ids {
             let r = usize::try_from(id)
@@ -65,13 +43,7 @@ impl Table {
                 .ok_or_else(|| Error::ModelOutput {
                     reason: format!("token id {id} is outside the embedding table ({rows} rows)"),
                 })?;
-            match self {
-                Table::F32(t) => out.extend_from_slice(&t[r * hidden..(r + 1) * hidden]),
-                Table::Int8 { q, scale } => {
-                    let s = scale[r];
-                    out.extend(q[r * hidden..(r + 1) * hidden].iter().map(|&v| f32::from(v) * s));
-                }
-            }
+            self.0.push_row(r, out);
         }
         Ok(())
     }
@@ -130,8 +102,7 @@ fn lane(session: Session) -> Result<Lane> {
 impl FusedBackend {
     pub(crate) fn load(recipe: Recipe) -> Result<Self> {
         let mut st = Safetensors::open(&recipe.safetensors, &recipe.config)?;
-        let int8 = recipe.linears != Linears::Fp32;
-        let table = Table::load(&mut st, &recipe.config, int8)?;
+        let table = Table(st.map("embeddings.tok_embeddings.weight")?);
         let shapes = Shapes::new(&recipe.config);
         let mut lanes = Vec::with_capacity(recipe.sessions);
         for _ in 0..recipe.sessions {
@@ -160,7 +131,10 @@ impl FusedBackend {
     fn run_error(&self, e: ort::Error) -> Error {
         Error::Backend {
             backend: "ort",
-            context: format!("running the fused graph of {}", self.recipe.safetensors.display()),
+            context: format!(
+                "running the fused graph of {}",
+                self.recipe.safetensors.display()
+            ),
             source: Box::new(e),
         }
     }
@@ -186,8 +160,9 @@ impl FusedBackend {
             *long = Some(lane((self.recipe.commit)(model)?)?);
         }
         let lane = long.as_mut().expect("built above");
-        let input = TensorRef::from_array_view(([1, ids.len(), self.hidden], embeddings.as_slice()))
-            .map_err(|e| self.run_error(e))?;
+        let input =
+            TensorRef::from_array_view(([1, ids.len(), self.hidden], embeddings.as_slice()))
+                .map_err(|e| self.run_error(e))?;
         let outputs = lane
             .session
             .run_with_options(ort::inputs!["embeddings" => input], &lane.run_options)

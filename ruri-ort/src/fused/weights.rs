@@ -82,7 +82,11 @@ impl Safetensors {
                 continue;
             }
             let bad = || invalid(format!("the header entry of {name} is malformed"));
-            let dtype = match value.get("dtype").and_then(|d| d.as_str()).ok_or_else(bad)? {
+            let dtype = match value
+                .get("dtype")
+                .and_then(|d| d.as_str())
+                .ok_or_else(bad)?
+            {
                 "F32" => Dtype::F32,
                 "F16" => Dtype::F16,
                 "BF16" => Dtype::Bf16,
@@ -107,10 +111,7 @@ impl Safetensors {
             );
             let width = if dtype == Dtype::F32 { 4 } else { 2 };
             let count: usize = shape.iter().product();
-            if end < start
-                || end - start != (count * width) as u64
-                || data_start + end > file_len
-            {
+            if end < start || end - start != (count * width) as u64 || data_start + end > file_len {
                 return Err(invalid(format!(
                     "the data of {name} ({start}..{end}) does not fit its shape {shape:?} or the file"
                 )));
@@ -143,10 +144,11 @@ impl Safetensors {
         };
         for (name, shape) in expected_tensors(config) {
             let full = format!("{prefix}{name}");
-            let entry = this
-                .entries
-                .get(&full)
-                .ok_or_else(|| invalid(format!("the tensor {full} is missing (or not a float tensor)")))?;
+            let entry = this.entries.get(&full).ok_or_else(|| {
+                invalid(format!(
+                    "the tensor {full} is missing (or not a float tensor)"
+                ))
+            })?;
             if entry.shape != shape {
                 return Err(invalid(format!(
                     "the tensor {full} has shape {:?} but config.json implies {shape:?}",
@@ -159,6 +161,39 @@ impl Safetensors {
 
     pub(crate) fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// A 2-D tensor (name without prefix) mapped in place: nothing is read now, and only the
+    /// pages of the rows used become resident.
+    pub(crate) fn map(&self, name: &str) -> Result<MappedRows> {
+        let full = format!("{}{name}", self.prefix);
+        let entry = self
+            .entries
+            .get(&full)
+            .ok_or_else(|| Error::InvalidConfig {
+                path: self.path.clone(),
+                reason: format!("the tensor {full} is missing"),
+            })?;
+        let [rows, cols] = entry.shape[..] else {
+            return Err(Error::InvalidConfig {
+                path: self.path.clone(),
+                reason: format!("the tensor {full} is not 2-D: {:?}", entry.shape),
+            });
+        };
+        // SAFETY: the file is mapped read-only. Like every user of a memory map (candle and
+        // safetensors included) this relies on nobody truncating or rewriting the file while
+        // the embedder lives; the offsets were checked against the file's length at open.
+        let map = unsafe { memmap2::Mmap::map(&self.file) }.map_err(|source| Error::Io {
+            path: self.path.clone(),
+            source,
+        })?;
+        Ok(MappedRows {
+            map,
+            start: (self.data_start + entry.start) as usize,
+            dtype: entry.dtype,
+            rows,
+            cols,
+        })
     }
 
     /// Reads a tensor (name without prefix) as f32, row-major.
@@ -208,6 +243,45 @@ impl Safetensors {
             left -= n;
         }
         Ok(out)
+    }
+}
+
+/// A row-major 2-D tensor read in place from the mapped file.
+pub(crate) struct MappedRows {
+    map: memmap2::Mmap,
+    start: usize,
+    dtype: Dtype,
+    rows: usize,
+    cols: usize,
+}
+
+impl MappedRows {
+    pub(crate) fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Appends row `r` (< `rows()`) as f32.
+    pub(crate) fn push_row(&self, r: usize, out: &mut Vec<f32>) {
+        let width = if self.dtype == Dtype::F32 { 4 } else { 2 };
+        let begin = self.start + r * self.cols * width;
+        let bytes = &self.map[begin..begin + self.cols * width];
+        match self.dtype {
+            Dtype::F32 => out.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            ),
+            Dtype::F16 => out.extend(
+                bytes
+                    .chunks_exact(2)
+                    .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
+            ),
+            Dtype::Bf16 => out.extend(
+                bytes
+                    .chunks_exact(2)
+                    .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+            ),
+        }
     }
 }
 
@@ -326,7 +400,9 @@ mod tests {
     #[test]
     fn quantized_columns_reconstruct_within_half_a_step() {
         let (k, n) = (5, 3);
-        let w: Vec<f32> = (0..k * n).map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.01 * (1 + i % n) as f32).collect();
+        let w: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.01 * (1 + i % n) as f32)
+            .collect();
         let qw = quantize_columns(&w, k, n);
         for r in 0..k {
             for c in 0..n {
@@ -353,6 +429,9 @@ mod tests {
         }
         let s = smoothing(&[(&a, 3), (&b, 2)], 8);
         assert!((s[3] - 6.0).abs() < 1e-5, "{s:?}");
-        assert!(s.iter().enumerate().all(|(i, &v)| i == 3 || v == 1.0), "{s:?}");
+        assert!(
+            s.iter().enumerate().all(|(i, &v)| i == 3 || v == 1.0),
+            "{s:?}"
+        );
     }
 }
