@@ -314,10 +314,16 @@ fn agreement(args: &Args, n: usize) -> Result<(), String> {
     };
     let batched = |e: &dyn Embedder| -> Result<Vec<Vec<f32>>, String> {
         let v = e.embed_documents(&docs).map_err(|e| e.to_string())?;
-        Ok((0..docs.len()).map(|i| v.get(i).map(<[f32]>::to_vec).unwrap_or_default()).collect())
+        Ok((0..docs.len())
+            .map(|i| v.get(i).map(<[f32]>::to_vec).unwrap_or_default())
+            .collect())
     };
     let cos = |a: &[f32], b: &[f32]| -> f64 {
-        let dot: f64 = a.iter().zip(b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
+        let dot: f64 = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| f64::from(*x) * f64::from(*y))
+            .sum();
         let na: f64 = a.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
         let nb: f64 = b.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
         dot / (na * nb)
@@ -328,7 +334,9 @@ fn agreement(args: &Args, n: usize) -> Result<(), String> {
         (c[0], c[c.len() / 2])
     };
     let reference = alone(&*build("fused_fp32", args, &model)?)?;
-    println!("| system | vs fp32 alone: min / median | vs fp32 batched: min / median | batched vs alone: min |");
+    println!(
+        "| system | vs fp32 alone: min / median | vs fp32 batched: min / median | batched vs alone: min |"
+    );
     println!("|---|---|---|---|");
     for system in args.systems.split(',') {
         let e = build(system, args, &model)?;

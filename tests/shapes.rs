@@ -185,11 +185,17 @@ fn run_size(size: &str) {
 
     for (graph, name) in [
         (ruri::ort::Graph::OnnxFile, "ort fp32 (ONNX file)"),
-        (ruri::ort::Graph::Fused, "ort fused fp32 (from model.safetensors)"),
+        (
+            ruri::ort::Graph::Fused,
+            "ort fused fp32 (from model.safetensors)",
+        ),
     ] {
         let start = Instant::now();
         let embedder = ort(dir.path(), graph);
-        eprintln!("{size} {name}: loaded in {:.2} s", start.elapsed().as_secs_f64());
+        eprintln!(
+            "{size} {name}: loaded in {:.2} s",
+            start.elapsed().as_secs_f64()
+        );
         check_backend(size, name, &embedder, &reference);
     }
 

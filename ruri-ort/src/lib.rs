@@ -90,9 +90,9 @@
 #![deny(missing_docs)]
 
 mod discover;
+mod fused;
 #[cfg(feature = "hub")]
 mod hub;
-mod fused;
 mod pool;
 mod runtime;
 
@@ -411,8 +411,9 @@ impl OrtBuilder {
         let fusable = matches!(self.precision, Precision::Fp32 | Precision::Int8);
         match self.graph {
             Graph::OnnxFile => Ok(None),
-            Graph::Auto => Ok((self.onnx_file.is_none() && fusable && weights.is_file())
-                .then_some(weights)),
+            Graph::Auto => {
+                Ok((self.onnx_file.is_none() && fusable && weights.is_file()).then_some(weights))
+            }
             Graph::Fused => {
                 if self.onnx_file.is_some() {
                     return Err(Error::InvalidOption {
@@ -508,7 +509,8 @@ impl OrtBuilder {
         environment: &ort::environment::Environment,
         prepacked: Option<&PrepackedWeights>,
         level: OptimizationLevel,
-    ) -> std::result::Result<ort::session::builder::SessionBuilder, (&'static str, ort::Error)> {
+    ) -> std::result::Result<ort::session::builder::SessionBuilder, (&'static str, ort::Error)>
+    {
         let mut builder = Session::builder(environment)
             .map_err(|e| ("creating session options", e))?
             .with_optimization_level(level.to_ort())

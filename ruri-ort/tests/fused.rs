@@ -27,9 +27,14 @@ fn a_folder_without_onnx_runs_on_the_fused_graph_by_default() {
             .precision(precision)
             .build_from_dir(dir.path())
             .unwrap();
-        let backend = embedder.backend_as::<FusedBackend>().expect("fused by default");
+        let backend = embedder
+            .backend_as::<FusedBackend>()
+            .expect("fused by default");
         assert_eq!(backend.is_int8(), precision == Precision::Int8);
-        assert_eq!(backend.safetensors_file(), dir.path().join("model.safetensors"));
+        assert_eq!(
+            backend.safetensors_file(),
+            dir.path().join("model.safetensors")
+        );
         let reference = Reference::tiny();
         let mut agreement = Agreement::new();
         for item in &reference.items {
@@ -38,7 +43,11 @@ fn a_folder_without_onnx_runs_on_the_fused_graph_by_default() {
                 .unwrap();
             agreement.add(v.get(0).unwrap(), &item.st_fp32.normalized);
         }
-        let min = if precision == Precision::Fp32 { 0.99999 } else { 0.995 };
+        let min = if precision == Precision::Fp32 {
+            0.99999
+        } else {
+            0.995
+        };
         assert!(agreement.min_cosine >= min, "{precision}: {agreement:?}");
         if precision == Precision::Fp32 {
             assert!(agreement.max_abs_diff <= 1e-5, "{agreement:?}");
@@ -68,9 +77,21 @@ fn conflicting_choices_are_refused() {
         .onnx_file("onnx/model.onnx")
         .build_from_dir(tiny_model_dir())
         .unwrap_err();
-    assert!(matches!(e, Error::InvalidOption { name: "graph", .. }), "{e:?}");
+    assert!(
+        matches!(e, Error::InvalidOption { name: "graph", .. }),
+        "{e:?}"
+    );
     let e = fused(&tiny_model_dir(), Precision::Fp16).unwrap_err();
-    assert!(matches!(e, Error::InvalidOption { name: "precision", .. }), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            Error::InvalidOption {
+                name: "precision",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -117,8 +138,11 @@ fn broken_checkpoints_are_typed_errors() {
     let dir = official_layout();
     let config = dir.path().join("config.json");
     let text = std::fs::read_to_string(&config).unwrap();
-    std::fs::write(&config, text.replace("\"intermediate_size\": 128", "\"intermediate_size\": 96"))
-        .unwrap();
+    std::fs::write(
+        &config,
+        text.replace("\"intermediate_size\": 128", "\"intermediate_size\": 96"),
+    )
+    .unwrap();
     let e = fused(dir.path(), Precision::Fp32).unwrap_err();
     assert!(invalid_config(&e).contains("mlp.Wi.weight"), "{e:?}");
 }

@@ -513,6 +513,7 @@ fn shared_nodes(
 
 /// Reads `name` (`out × in`, `nn.Linear`), scales its input rows by `smooth` (int8 only),
 /// and adds it in the form `linears` runs.
+#[allow(clippy::too_many_arguments)]
 fn weight(
     b: &mut Builder,
     st: &mut Safetensors,
