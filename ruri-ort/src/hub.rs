@@ -5,7 +5,7 @@
 use ruri_core::hub::{HubRepo, ModelSource, RemoteFiles};
 use ruri_core::{Result, TextEmbedder};
 
-use crate::{Graph, OrtBuilder, Precision};
+use crate::OrtBuilder;
 
 impl OrtBuilder {
     /// Downloads what this builder runs from a Hub repository into the standard cache (or
@@ -52,21 +52,14 @@ impl OrtBuilder {
         }
     }
 
-    /// The weight files `build_from_dir` would read from a folder with `files`: mirrors its
-    /// graph choice (`fused_checkpoint`) and ONNX discovery. An invalid combination (e.g.
-    /// [`Graph::Fused`] with fp16) fetches no weights and is refused by `build_from_dir`.
+    /// The weight files `build_from_dir` would read from a folder with `files`: the same
+    /// graph choice (`OrtBuilder::runs_fused`, whose contradictory choices are refused
+    /// before anything is fetched) and ONNX discovery.
     fn hub_weights(&self, files: &RemoteFiles) -> Result<Vec<String>> {
         const WEIGHTS: &str = "model.safetensors";
-        let fusable = matches!(self.precision, Precision::Fp32 | Precision::Int8);
-        match self.graph {
-            Graph::Auto if self.onnx_file.is_none() && fusable && files.contains(WEIGHTS) => {
-                return Ok(vec![WEIGHTS.to_owned()]);
-            }
-            Graph::Fused if self.onnx_file.is_none() && fusable => {
-                return Ok(vec![files.require(WEIGHTS)?]);
-            }
-            Graph::Fused => return Ok(Vec::new()),
-            _ => {}
+        // The same rule as build_from_dir's.
+        if self.runs_fused(files.contains(WEIGHTS))? {
+            return Ok(vec![files.require(WEIGHTS)?]);
         }
         let onnx = match &self.onnx_file {
             // A file on this machine: nothing to fetch for it.

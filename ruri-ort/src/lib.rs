@@ -405,36 +405,38 @@ impl OrtBuilder {
         Ok(embedder)
     }
 
+    /// Whether the fused graph runs, given whether the folder (or Hub repository) has
+    /// `model.safetensors`; choices that contradict each other are errors. `Graph::Fused`
+    /// answers yes even without the file: the caller reports it missing.
+    pub(crate) fn runs_fused(&self, has_weights: bool) -> Result<bool> {
+        let fusable = matches!(self.precision, Precision::Fp32 | Precision::Int8);
+        match self.graph {
+            Graph::OnnxFile => Ok(false),
+            Graph::Auto => Ok(self.onnx_file.is_none() && fusable && has_weights),
+            Graph::Fused if self.onnx_file.is_some() => Err(Error::InvalidOption {
+                name: "graph",
+                value: "fused".into(),
+                reason: "an ONNX file was given too; choose one graph",
+            }),
+            Graph::Fused if !fusable => Err(Error::InvalidOption {
+                name: "precision",
+                value: self.precision.to_string(),
+                reason: "the fused graph runs fp32 and int8 (fp16 needs an ONNX file)",
+            }),
+            Graph::Fused => Ok(true),
+        }
+    }
+
     /// The checkpoint of the fused graph, when it is the one to run.
     fn fused_checkpoint(&self, dir: &ModelDir) -> Result<Option<PathBuf>> {
         let weights = dir.path().join("model.safetensors");
-        let fusable = matches!(self.precision, Precision::Fp32 | Precision::Int8);
-        match self.graph {
-            Graph::OnnxFile => Ok(None),
-            Graph::Auto => {
-                Ok((self.onnx_file.is_none() && fusable && weights.is_file()).then_some(weights))
-            }
-            Graph::Fused => {
-                if self.onnx_file.is_some() {
-                    return Err(Error::InvalidOption {
-                        name: "graph",
-                        value: "fused".into(),
-                        reason: "an ONNX file was given too; choose one graph",
-                    });
-                }
-                if !fusable {
-                    return Err(Error::InvalidOption {
-                        name: "precision",
-                        value: self.precision.to_string(),
-                        reason: "the fused graph runs fp32 and int8 (fp16 needs an ONNX file)",
-                    });
-                }
-                if !weights.is_file() {
-                    return Err(Error::MissingFile { path: weights });
-                }
-                Ok(Some(weights))
-            }
+        if !self.runs_fused(weights.is_file())? {
+            return Ok(None);
         }
+        if !weights.is_file() {
+            return Err(Error::MissingFile { path: weights });
+        }
+        Ok(Some(weights))
     }
 
     fn build_fused(self, dir: &ModelDir, safetensors: PathBuf) -> Result<TextEmbedder> {
