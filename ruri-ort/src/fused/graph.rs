@@ -41,7 +41,7 @@ pub(crate) enum Linears {
     /// fp32 `MatMul`.
     Fp32,
     /// int8 weights per output channel, u8 activations per token row: `scale = max|x| / 127`
-    /// and `q = round(x / scale) + 128` (symmetric, zero point 128), then
+    /// and `q = round(x / scale) + 128` (symmetric, zero point 128; ties round up), then
     /// `com.microsoft.MatMulIntegerToFloat` and a multiplication by the row scales.
     Int8PerRow,
     /// int8 weights per output channel, activations per tensor
@@ -175,7 +175,7 @@ struct Quantized {
 struct Shared {
     linears: Linears,
     /// Int8 per row: the u8 activations' zero point (128), the scale 1 of `MatMulIntegerToFloat`
-    /// (row scales are applied after), `1 / 127`, a tiny floor for all-zero rows, and `128.0`.
+    /// (row scales are applied after), `1 / 127`, a tiny floor for all-zero rows, and `128.5`.
     row_quant: Option<RowQuant>,
     positions: String,
     rope_global: (String, String),
@@ -386,7 +386,7 @@ fn shared_nodes(
             unit: b.scalar_f32("unit", 1.0)?,
             inv_levels: b.scalar_f32("inv_levels", 1.0 / 127.0)?,
             floor: b.scalar_f32("floor", f32::MIN_POSITIVE)?,
-            offset: b.scalar_f32("offset", 128.0)?,
+            offset: b.scalar_f32("offset", 128.5)?,
             last_axis: b.i64s("last_axis", &[-1])?,
         }),
         _ => None,
@@ -573,7 +573,8 @@ fn linear(
         (Weight::Int8 { q, scale }, _) => {
             let rq = shared.row_quant.as_ref().expect("per-row graphs have one");
             if cache.is_none() {
-                // scale = max(max|x_row| / 127, floor); q = u8(round(x / scale) + 128).
+                // scale = max(max|x_row| / 127, floor); q = u8(round(x / scale) + 128), the
+                // rounding done by the cast's truncation of x / scale + 128.5 (in [1.5, 255.5]).
                 let abs = b.one("Abs", &[x], vec![])?;
                 let max = b.one(
                     "ReduceMax",
@@ -583,8 +584,7 @@ fn linear(
                 let row_scale = b.one("Mul", &[&max, &rq.inv_levels], vec![])?;
                 let row_scale = b.one("Max", &[&row_scale, &rq.floor], vec![])?;
                 let scaled = b.one("Div", &[x, &row_scale], vec![])?;
-                let rounded = b.one("Round", &[&scaled], vec![])?;
-                let shifted = b.one("Add", &[&rounded, &rq.offset], vec![])?;
+                let shifted = b.one("Add", &[&scaled, &rq.offset], vec![])?;
                 let xq = b.one("Cast", &[&shifted], vec![attr("to", UINT8)?])?;
                 *cache = Some(Quantized {
                     q: xq,
