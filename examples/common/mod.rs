@@ -54,7 +54,8 @@ pub struct ModelArgs {
     /// Inference backend.
     #[arg(long, value_enum, default_value_t = BackendArg::Ort)]
     pub backend: BackendArg,
-    /// Weights precision (ort: which ONNX file of the folder; candle: the dtype).
+    /// Weights precision (ort: of its graph built from model.safetensors, or else which ONNX
+    /// file of the folder runs; candle: the dtype).
     #[arg(long, value_enum, default_value_t = Precision::Fp32)]
     pub precision: Precision,
     /// Run this ONNX file (relative to the model folder, or absolute) instead of the one

@@ -114,7 +114,8 @@ pub struct ModelArgs {
     /// Inference backend.
     #[arg(long, env = "RURI_BACKEND", value_enum, default_value_t = BackendArg::Ort)]
     pub backend: BackendArg,
-    /// Weights precision (ort: which ONNX file of the folder; candle: the dtype).
+    /// Weights precision (ort: of its graph built from model.safetensors, or else which ONNX
+    /// file of the folder runs; candle: the dtype).
     #[arg(long, env = "RURI_PRECISION", value_enum, default_value_t = Precision::Fp32)]
     pub precision: Precision,
     /// Run this ONNX file (relative to the model folder, or absolute) instead of the one
