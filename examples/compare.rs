@@ -174,15 +174,23 @@ fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn E
     }
 }
 
+impl Args {
+    /// `--model` and `--workload`, or their defaults.
+    fn folders(&self) -> (PathBuf, PathBuf) {
+        let model = self
+            .model
+            .clone()
+            .unwrap_or_else(|| root().join("testdata/generated/ruri-v3-30m-shape"));
+        let workload = self
+            .workload
+            .clone()
+            .unwrap_or_else(|| root().join("testdata/generated/bench"));
+        (model, workload)
+    }
+}
+
 fn child(args: &Args, system: &str, started_at: f64) -> Result<serde_json::Value, String> {
-    let model = args
-        .model
-        .clone()
-        .unwrap_or_else(|| root().join("testdata/generated/ruri-v3-30m-shape"));
-    let workload = args
-        .workload
-        .clone()
-        .unwrap_or_else(|| root().join("testdata/generated/bench"));
+    let (model, workload) = args.folders();
     let queries = read_jsonl(&workload.join("queries.jsonl"))?;
     if queries.is_empty() {
         return Err(format!("{} has no queries", workload.display()));
@@ -293,14 +301,7 @@ fn long_text(
 
 /// `--agreement N`: in this process, every system against fused_fp32.
 fn agreement(args: &Args, n: usize) -> Result<(), String> {
-    let model = args
-        .model
-        .clone()
-        .unwrap_or_else(|| root().join("testdata/generated/ruri-v3-30m-shape"));
-    let workload = args
-        .workload
-        .clone()
-        .unwrap_or_else(|| root().join("testdata/generated/bench"));
+    let (model, workload) = args.folders();
     let documents = read_jsonl(&workload.join("documents.jsonl"))?;
     let docs: Vec<&str> = documents.iter().take(n).map(String::as_str).collect();
     let alone = |e: &dyn Embedder| -> Result<Vec<Vec<f32>>, String> {

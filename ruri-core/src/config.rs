@@ -282,6 +282,32 @@ impl ModelConfig {
     pub fn head_dim(&self) -> usize {
         self.hidden_size / self.num_attention_heads
     }
+
+    /// The tensors a ModernBERT checkpoint (`model.safetensors`) of this configuration must
+    /// hold, with their shapes: names without the `model.` prefix, `nn.Linear` weights as
+    /// `out × in`, and no `attn_norm` in layer 0 (transformers makes it an identity).
+    pub fn checkpoint_tensors(&self) -> Vec<(String, Vec<usize>)> {
+        let (h, i) = (self.hidden_size, self.intermediate_size);
+        let mut all = vec![
+            (
+                "embeddings.tok_embeddings.weight".to_owned(),
+                vec![self.vocab_size, h],
+            ),
+            ("embeddings.norm.weight".to_owned(), vec![h]),
+            ("final_norm.weight".to_owned(), vec![h]),
+        ];
+        for n in 0..self.num_hidden_layers {
+            if n > 0 {
+                all.push((format!("layers.{n}.attn_norm.weight"), vec![h]));
+            }
+            all.push((format!("layers.{n}.attn.Wqkv.weight"), vec![3 * h, h]));
+            all.push((format!("layers.{n}.attn.Wo.weight"), vec![h, h]));
+            all.push((format!("layers.{n}.mlp_norm.weight"), vec![h]));
+            all.push((format!("layers.{n}.mlp.Wi.weight"), vec![2 * i, h]));
+            all.push((format!("layers.{n}.mlp.Wo.weight"), vec![h, i]));
+        }
+        all
+    }
 }
 
 /// Pooling mode of `1_Pooling/config.json`.

@@ -142,7 +142,7 @@ impl Safetensors {
             entries,
             prefix,
         };
-        for (name, shape) in expected_tensors(config) {
+        for (name, shape) in config.checkpoint_tensors() {
             let full = format!("{prefix}{name}");
             let entry = this.entries.get(&full).ok_or_else(|| {
                 invalid(format!(
@@ -283,27 +283,6 @@ impl MappedRows {
             ),
         }
     }
-}
-
-/// Tensors the checkpoint must hold, with their shapes (names without prefix).
-fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
-    let (h, i) = (c.hidden_size, c.intermediate_size);
-    let mut all = vec![
-        (PROBE.to_owned(), vec![c.vocab_size, h]),
-        ("embeddings.norm.weight".to_owned(), vec![h]),
-        ("final_norm.weight".to_owned(), vec![h]),
-    ];
-    for n in 0..c.num_hidden_layers {
-        if n > 0 {
-            all.push((format!("layers.{n}.attn_norm.weight"), vec![h]));
-        }
-        all.push((format!("layers.{n}.attn.Wqkv.weight"), vec![3 * h, h]));
-        all.push((format!("layers.{n}.attn.Wo.weight"), vec![h, h]));
-        all.push((format!("layers.{n}.mlp_norm.weight"), vec![h]));
-        all.push((format!("layers.{n}.mlp.Wi.weight"), vec![2 * i, h]));
-        all.push((format!("layers.{n}.mlp.Wo.weight"), vec![h, i]));
-    }
-    all
 }
 
 /// `w` (`rows × cols`, row-major; rows are output channels as in `nn.Linear`) transposed to
