@@ -3,6 +3,8 @@
 
     /work/pyenv/bin/python tools/bench/python_peers.py --repeats 5 --out peers.jsonl
     python tools/bench/python_peers.py --systems ort_py_int8_sorted --repeats 1 --limit-docs 256
+    .venv-testdata/bin/python tools/bench/python_peers.py --rounds 5 --repeats 3 \
+        --systems st_fp32,ruri_python_int8,ruri_python_fp32 --out python_rounds.jsonl
 
 Systems (see tools/bench/README.md):
   st_fp32             sentence-transformers, torch CPU fp32, encode(prompt_name="document",
@@ -12,6 +14,16 @@ Systems (see tools/bench/README.md):
   ort_py_int8_fixed   same, onnx/model_quantized.onnx
   ort_py_int8_sorted  int8, batches of 32 after sorting by token length (output restored to
                       input order)
+  ruri_python_int8    the `ruri` Python package (ruri-python/, the Rust engine through PyO3),
+                      Embedder(precision="int8", intra_threads=threads), the same calls as
+                      st_fp32: encode(prompt_name="document", batch_size=32) (ruri sorts by
+                      token length and also caps a batch at 8,192 padded tokens) and
+                      encode([q], prompt_name="query")[0]; raw (unnormalized) vectors as
+                      st_fp32; whichever graph ruri-ort runs by default on the folder
+  ruri_python_fp32    same, precision="fp32"
+The ruri_python_* children run under --ruri-python (default target/venv-python/bin/python, the
+venv tools/test-python.sh installs the wheel into; same CPython), the others under this
+interpreter.
 The ONNX peers take `sentence_embedding` (mean pooled) and L2-normalize it in numpy; the
 sentence-transformers peer returns its mean-pooled vectors (not normalized; the norm is
 negligible work). Queries are embedded one at a time with the query prompt.
@@ -43,7 +55,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SYSTEMS = ["st_fp32", "ort_py_int8_fixed", "ort_py_fp32_fixed", "ort_py_int8_sorted"]
+SYSTEMS = ["st_fp32", "ort_py_int8_fixed", "ort_py_fp32_fixed", "ort_py_int8_sorted",
+           "ruri_python_int8", "ruri_python_fp32"]
 MARK = "RURI_BENCH_RESULT "
 BATCH = 32
 MAX_LEN = 8192
@@ -172,7 +185,35 @@ class OrtPeer:
         return self._fixed([self.prompts["query"] + q])[0]
 
 
+class RuriPythonPeer:
+    """The `ruri` package, called exactly as StPeer calls sentence-transformers."""
+
+    def __init__(self, model_dir: Path, threads: int, precision: str):
+        import ruri
+        self.model = ruri.Embedder(str(model_dir), precision=precision, intra_threads=threads)
+        self.details = {
+            "engine": "ruri (Python package, Rust engine via PyO3)",
+            "ruri": ruri.__version__,
+            "backend": self.model.backend,
+            "precision": precision,
+            "intra_threads": threads,
+            "graph": "ruri-ort's default for the folder (Graph::Auto)",
+            "batching": "ruri: sorted by token length, <= 32 texts and <= 8,192 padded tokens",
+            "normalized": False,
+        }
+
+    def documents(self, docs: list[str]):
+        return self.model.encode(docs, prompt_name="document", batch_size=BATCH)
+
+    def query(self, q: str):
+        return self.model.encode([q], prompt_name="query")[0]
+
+
 def make_peer(system: str, model_dir: Path, threads: int):
+    if system == "ruri_python_int8":
+        return RuriPythonPeer(model_dir, threads, "int8")
+    if system == "ruri_python_fp32":
+        return RuriPythonPeer(model_dir, threads, "fp32")
     if system == "st_fp32":
         return StPeer(model_dir, threads)
     if system == "ort_py_int8_fixed":
@@ -314,7 +355,8 @@ def run_child(name: str, cmd: list[str], env: dict) -> dict:
 
 
 def run_system(system: str, args) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", system,
+    python = str(args.ruri_python) if system.startswith("ruri_python") else sys.executable
+    cmd = [python, str(Path(__file__).resolve()), "--child", system,
            "--model-dir", str(args.model_dir), "--workload-dir", str(args.workload_dir),
            "--repeats", str(args.repeats), "--threads", str(args.threads)]
     if args.limit_docs:
@@ -363,6 +405,33 @@ def compare_vectors(systems: list[str], vdir: Path) -> dict:
     return out
 
 
+def summarize(results: list[dict]) -> str:
+    """Median [min-max] of each metric per system over the rounds, and the ratio of medians
+    to the first system (all from this run)."""
+    keys = [("texts_per_s", "texts/s", 1), ("p50_ms", "p50 ms", 2), ("p99_ms", "p99 ms", 2),
+            ("cold_start_s", "cold start s", 2), ("peak_rss_mb", "peak RSS MB", 0)]
+    by_system: dict[str, list[dict]] = {}
+    for r in results:
+        by_system.setdefault(r["system"], []).append(r)
+    names = list(by_system)
+    med = {(s, k): statistics.median(r[k] for r in by_system[s]) for s in names for k, _, _ in keys}
+    rounds = max(len(v) for v in by_system.values())
+    lines = [f"Median over {rounds} rounds (each a fresh process, order rotated), [min-max]; "
+             f"ratio = median / {names[0]}'s median.", "",
+             "| system | " + " | ".join(h for _, h, _ in keys) + " |",
+             "|---|" + "---:|" * len(keys)]
+    for s in names:
+        cells = []
+        for k, _, nd in keys:
+            vals = [r[k] for r in by_system[s]]
+            cell = f"{med[(s, k)]:,.{nd}f} [{min(vals):,.{nd}f}-{max(vals):,.{nd}f}]"
+            if s != names[0] and med[(names[0], k)]:
+                cell += f" ({med[(s, k)] / med[(names[0], k)]:.2f}x)"
+            cells.append(cell)
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--systems", default=",".join(SYSTEMS),
@@ -379,11 +448,17 @@ def main() -> None:
     ap.add_argument("--external", action="append", default=[], metavar="NAME=COMMAND",
                     help="also run an external runner (e.g. the Rust one) under the same "
                          "protocol; repeatable; see tools/bench/README.md")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every system this many times, each in a fresh process, rotating "
+                         "the order each round; lines get a \"round\" key and a summary "
+                         "(median [min-max], ratios to the first system) goes to stderr")
+    ap.add_argument("--ruri-python", type=Path, default=ROOT / "target/venv-python/bin/python",
+                    help="interpreter with the ruri package, for the ruri_python_* systems")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--count-tokens", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.repeats < 1:
-        raise SystemExit("--repeats must be >= 1")
+    if args.repeats < 1 or args.rounds < 1:
+        raise SystemExit("--repeats and --rounds must be >= 1")
 
     if args.child:
         child(args)
@@ -415,9 +490,14 @@ def main() -> None:
     results = []
     out_f = args.out.open("w", encoding="utf-8") if args.out else None
     try:
-        jobs = [(s, None) for s in systems] + externals
-        for s, ext_cmd in jobs:
-            print(f"[python_peers] {s} ...", file=sys.stderr, flush=True)
+        base_jobs = [(s, None) for s in systems] + externals
+        jobs = []
+        for k in range(args.rounds):
+            shift = k % len(base_jobs)  # rotate: each system takes each position in turn
+            jobs += [(k + 1, j) for j in base_jobs[shift:] + base_jobs[:shift]]
+        for round_no, (s, ext_cmd) in jobs:
+            print(f"[python_peers] round {round_no}/{args.rounds}: {s} ...", file=sys.stderr,
+                  flush=True)
             r = run_system(s, args) if ext_cmd is None else run_child(s, ext_cmd, child_env(args))
             med = r["details"].pop("median_pass_s", None)
             if r.get("tokens_per_s") is None and med:
@@ -426,6 +506,8 @@ def main() -> None:
             keys = ["system", "texts_per_s", "tokens_per_s", "p50_ms", "p99_ms", "cold_start_s",
                     "peak_rss_mb"]
             r = {**{k: r.get(k) for k in keys}, **{k: v for k, v in r.items() if k not in keys}}
+            if args.rounds > 1:
+                r["round"] = round_no
             r["details"]["workload_documents_sha256"] = wl.get("documents", {}).get("sha256")
             r["details"]["workload_queries_sha256"] = wl.get("queries", {}).get("sha256")
             line = json.dumps(r, ensure_ascii=False)
@@ -437,6 +519,8 @@ def main() -> None:
     finally:
         if out_f:
             out_f.close()
+    if args.rounds > 1:
+        print(summarize(results), file=sys.stderr)
     if args.vectors_dir:
         cmp = compare_vectors(systems, args.vectors_dir)
         if cmp:
