@@ -57,6 +57,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEMS = ["st_fp32", "ort_py_int8_fixed", "ort_py_fp32_fixed", "ort_py_int8_sorted",
            "ruri_python_int8", "ruri_python_fp32"]
+# Without --systems: the peers that need only this interpreter (the ruri_python_* ones need the
+# wheel's venv, --ruri-python).
+DEFAULT_SYSTEMS = SYSTEMS[:4]
 MARK = "RURI_BENCH_RESULT "
 BATCH = 32
 MAX_LEN = 8192
@@ -434,8 +437,9 @@ def summarize(results: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--systems", default=",".join(SYSTEMS),
-                    help=f"comma-separated subset of {','.join(SYSTEMS)}")
+    ap.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
+                    help=f"comma-separated subset of {','.join(SYSTEMS)} "
+                         f"(default {','.join(DEFAULT_SYSTEMS)})")
     ap.add_argument("--repeats", type=int, default=5, help="timed document passes (median)")
     ap.add_argument("--model-dir", type=Path, default=ROOT / "testdata/generated/ruri-v3-30m-shape")
     ap.add_argument("--workload-dir", type=Path, default=ROOT / "testdata/generated/bench")
@@ -477,6 +481,9 @@ def main() -> None:
     for s in systems:
         if s not in SYSTEMS:
             raise SystemExit(f"unknown system {s!r}; known: {', '.join(SYSTEMS)}")
+        if s.startswith("ruri_python") and not args.ruri_python.exists():
+            raise SystemExit(f"{s} needs {args.ruri_python} (tools/test-python.sh makes it) "
+                             "or --ruri-python PYTHON with the ruri package")
     workload = args.workload_dir / "workload.json"
     wl = json.loads(workload.read_text(encoding="utf-8")) if workload.exists() else {}
     # Token counts come from a short-lived helper process: loading the tokenizer here would
