@@ -1,10 +1,11 @@
 //! The fused backend: ruri's own ModernBERT graph, built in process from `config.json` +
 //! `model.safetensors` (no ONNX file, no Python), run by ONNX Runtime.
 //!
-//! * The token-embedding table stays in the file: it is memory-mapped and the lookup happens
-//!   here, so the `vocab × hidden` table (70 % of ruri-v3-30m's weights) is neither read
-//!   at load nor copied, only the pages of the tokens used become resident (and are shared
-//!   with the page cache and other processes), whatever the number of sessions.
+//! * The token-embedding table (70 % of ruri-v3-30m's weights) is never read at load, and
+//!   the lookup happens here, so it exists once whatever the number of sessions: fp32 reads
+//!   it in place from the memory-mapped checkpoint; int8 quantizes each row (a scale per
+//!   row) the first time its token is seen, so only the rows used take memory, a quarter
+//!   of fp32's.
 //! * Every other weight goes straight from the file into ONNX Runtime's memory as an
 //!   initializer: one copy.
 //! * Batches whose longest text is over [`OrtBuilder::long_text_tokens`](crate::OrtBuilder::long_text_tokens)
@@ -15,7 +16,7 @@ pub(crate) mod graph;
 mod weights;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError, RwLock};
 
 use ndarray::Array2;
 use ort::session::{RunOptions, Session, SessionOutputs};
@@ -27,23 +28,101 @@ pub(crate) use graph::Linears;
 use graph::{Shapes, Variant};
 use weights::Safetensors;
 
-/// The token-embedding table, read in place from the mapped checkpoint, in full precision
-/// at every precision (it is a lookup, not a matmul: int8 would save memory only).
-struct Table(weights::MappedRows);
+/// The token-embedding table.
+enum Table {
+    /// fp32: rows read in place from the memory-mapped checkpoint.
+    Mapped(weights::MappedRows),
+    /// int8: each row quantized (symmetric, a scale per row) the first time its token is
+    /// seen, read from the file then. Rows never used take no memory (the buffer is
+    /// allocated zeroed, so its pages exist only once written).
+    Int8 {
+        file: weights::FileRows,
+        rows: RwLock<Int8Rows>,
+    },
+}
+
+struct Int8Rows {
+    q: Vec<i8>,
+    /// 0 until the row is read.
+    scale: Vec<f32>,
+}
 
 impl Table {
+    fn new(st: &Safetensors, int8: bool) -> Result<Self> {
+        const NAME: &str = "embeddings.tok_embeddings.weight";
+        if !int8 {
+            return Ok(Table::Mapped(st.map(NAME)?));
+        }
+        let file = st.file_rows(NAME)?;
+        let (rows, cols) = (file.rows(), file.cols());
+        Ok(Table::Int8 {
+            file,
+            rows: RwLock::new(Int8Rows {
+                q: vec![0; rows * cols],
+                scale: vec![0.0; rows],
+            }),
+        })
+    }
+
+    fn rows(&self) -> usize {
+        match self {
+            Table::Mapped(m) => m.rows(),
+            Table::Int8 { file, .. } => file.rows(),
+        }
+    }
+
     /// Appends the rows of `ids` to `out`; an id outside the table is an error.
     fn lookup(&self, ids: &[i64], hidden: usize, out: &mut Vec<f32>) -> Result<()> {
-        let rows = self.0.rows();
-        out.reserve(ids.len() * hidden);
-        for &id in ids {
-            let r = usize::try_from(id)
+        let rows = self.rows();
+        let index = |id: i64| {
+            usize::try_from(id)
                 .ok()
                 .filter(|&r| r < rows)
                 .ok_or_else(|| Error::ModelOutput {
                     reason: format!("token id {id} is outside the embedding table ({rows} rows)"),
-                })?;
-            self.0.push_row(r, out);
+                })
+        };
+        let indices = ids
+            .iter()
+            .map(|&id| index(id))
+            .collect::<Result<Vec<_>>>()?;
+        out.reserve(ids.len() * hidden);
+        match self {
+            Table::Mapped(m) => indices.iter().for_each(|&r| m.push_row(r, out)),
+            Table::Int8 { file, rows } => {
+                let read = || rows.read().unwrap_or_else(PoisonError::into_inner);
+                let missing = {
+                    let cache = read();
+                    indices.iter().any(|&r| cache.scale[r] == 0.0)
+                };
+                if missing {
+                    let mut cache = rows.write().unwrap_or_else(PoisonError::into_inner);
+                    let mut row = Vec::with_capacity(hidden);
+                    for &r in &indices {
+                        if cache.scale[r] != 0.0 {
+                            continue;
+                        }
+                        file.read_row(r, &mut row)?;
+                        let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+                        let s = if max > 0.0 {
+                            max / 127.0
+                        } else {
+                            f32::MIN_POSITIVE
+                        };
+                        let q = &mut cache.q[r * hidden..(r + 1) * hidden];
+                        for (q, v) in q.iter_mut().zip(&row) {
+                            *q = (v / s).round().clamp(-127.0, 127.0) as i8;
+                        }
+                        cache.scale[r] = s;
+                    }
+                }
+                let cache = read();
+                for &r in &indices {
+                    let s = cache.scale[r];
+                    let q = &cache.q[r * hidden..(r + 1) * hidden];
+                    out.extend(q.iter().map(|&v| f32::from(v) * s));
+                }
+            }
         }
         Ok(())
     }
@@ -102,7 +181,7 @@ fn lane(session: Session) -> Result<Lane> {
 impl FusedBackend {
     pub(crate) fn load(recipe: Recipe) -> Result<Self> {
         let mut st = Safetensors::open(&recipe.safetensors, &recipe.config)?;
-        let table = Table(st.map("embeddings.tok_embeddings.weight")?);
+        let table = Table::new(&st, recipe.linears != Linears::Fp32)?;
         let shapes = Shapes::new(&recipe.config);
         let mut lanes = Vec::with_capacity(recipe.sessions);
         for _ in 0..recipe.sessions {

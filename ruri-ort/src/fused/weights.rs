@@ -163,9 +163,8 @@ impl Safetensors {
         &self.path
     }
 
-    /// A 2-D tensor (name without prefix) mapped in place: nothing is read now, and only the
-    /// pages of the rows used become resident.
-    pub(crate) fn map(&self, name: &str) -> Result<MappedRows> {
+    /// A 2-D tensor's entry and shape.
+    fn matrix(&self, name: &str) -> Result<(&Entry, usize, usize)> {
         let full = format!("{}{name}", self.prefix);
         let entry = self
             .entries
@@ -180,6 +179,30 @@ impl Safetensors {
                 reason: format!("the tensor {full} is not 2-D: {:?}", entry.shape),
             });
         };
+        Ok((entry, rows, cols))
+    }
+
+    /// A 2-D tensor (name without prefix) whose rows are read when asked for.
+    pub(crate) fn file_rows(&self, name: &str) -> Result<FileRows> {
+        let (entry, rows, cols) = self.matrix(name)?;
+        let file = self.file.try_clone().map_err(|source| Error::Io {
+            path: self.path.clone(),
+            source,
+        })?;
+        Ok(FileRows {
+            path: self.path.clone(),
+            file,
+            start: self.data_start + entry.start,
+            dtype: entry.dtype,
+            rows,
+            cols,
+        })
+    }
+
+    /// A 2-D tensor (name without prefix) mapped in place: nothing is read now, and only the
+    /// pages of the rows used become resident.
+    pub(crate) fn map(&self, name: &str) -> Result<MappedRows> {
+        let (entry, rows, cols) = self.matrix(name)?;
         // SAFETY: the file is mapped read-only. Like every user of a memory map (candle and
         // safetensors included) this relies on nobody truncating or rewriting the file while
         // the embedder lives; the offsets were checked against the file's length at open.
@@ -246,6 +269,81 @@ impl Safetensors {
     }
 }
 
+/// A row-major 2-D tensor whose rows are read from the file one at a time, when asked for
+/// (positional reads: no memory map, so nothing of the file counts as this process's memory).
+pub(crate) struct FileRows {
+    path: PathBuf,
+    file: File,
+    start: u64,
+    dtype: Dtype,
+    rows: usize,
+    cols: usize,
+}
+
+impl FileRows {
+    pub(crate) fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub(crate) fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Row `r` (< `rows()`) as f32, into `out` (cleared first).
+    pub(crate) fn read_row(&self, r: usize, out: &mut Vec<f32>) -> Result<()> {
+        let width = if self.dtype == Dtype::F32 { 4 } else { 2 };
+        let mut bytes = vec![0u8; self.cols * width];
+        let offset = self.start + (r * self.cols * width) as u64;
+        read_at(&self.file, &mut bytes, offset).map_err(|source| Error::Io {
+            path: self.path.clone(),
+            source,
+        })?;
+        out.clear();
+        decode(self.dtype, &bytes, out);
+        Ok(())
+    }
+}
+
+#[cfg(unix)]
+fn read_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
+}
+
+#[cfg(windows)]
+fn read_at(file: &File, mut buf: &mut [u8], mut offset: u64) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        match std::os::windows::fs::FileExt::seek_read(file, buf, offset)? {
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            n => {
+                buf = &mut buf[n..];
+                offset += n as u64;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Little-endian `dtype` values to f32, appended to `out`.
+fn decode(dtype: Dtype, bytes: &[u8], out: &mut Vec<f32>) {
+    match dtype {
+        Dtype::F32 => out.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        ),
+        Dtype::F16 => out.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
+        ),
+        Dtype::Bf16 => out.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+        ),
+    }
+}
+
 /// A row-major 2-D tensor read in place from the mapped file.
 pub(crate) struct MappedRows {
     map: memmap2::Mmap,
@@ -264,24 +362,7 @@ impl MappedRows {
     pub(crate) fn push_row(&self, r: usize, out: &mut Vec<f32>) {
         let width = if self.dtype == Dtype::F32 { 4 } else { 2 };
         let begin = self.start + r * self.cols * width;
-        let bytes = &self.map[begin..begin + self.cols * width];
-        match self.dtype {
-            Dtype::F32 => out.extend(
-                bytes
-                    .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-            ),
-            Dtype::F16 => out.extend(
-                bytes
-                    .chunks_exact(2)
-                    .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
-            ),
-            Dtype::Bf16 => out.extend(
-                bytes
-                    .chunks_exact(2)
-                    .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
-            ),
-        }
+        decode(self.dtype, &self.map[begin..begin + self.cols * width], out);
     }
 }
 
