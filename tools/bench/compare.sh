@@ -6,7 +6,8 @@
 # machine fall on all systems alike. Prints the median of each metric with its range, and
 # ratios of medians from the same run (tools/bench/rounds.py).
 #
-#   tools/bench/compare.sh [--rounds N] [--rust "fused_int8 ort_int8 …"] [--peers "st_fp32 …"]
+#   tools/bench/compare.sh [--rounds N] [--rust "fused_int8 ort_int8 …"]
+#                          [--peers "st_fp32 ruri_python_int8 …"]
 #                          [--long-text TOKENS]
 #
 # --long-text: instead of the workload, one document of about TOKENS tokens per process
@@ -21,6 +22,9 @@ cd "$root"
 rounds=5
 rust="fused_int8 ort_int8 fused_int8_x2 ort_int8_x2 fused_fp32 ort_fp32"
 peers="ort_py_int8_sorted st_fp32"
+# The Python package (ruri-python) through python_peers.py, when tools/test-python.sh has
+# built its venv (target/venv-python).
+if [[ -x target/venv-python/bin/python ]]; then peers+=" ruri_python_int8"; fi
 long_text=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
