@@ -26,9 +26,10 @@
 //!   `config.json` + `model.safetensors` (ONNX Runtime's Model Editor API; no export step,
 //!   no ONNX file, no Python), so the official cl-nagoya folders run as they are. 15 nodes
 //!   a layer at fp32 (about 50 with per-row int8) where the TorchScript export has 150+:
-//!   faster session creation and less per-operator overhead on short texts. fp32 equals sentence-transformers within 1e-5.
-//!   int8 is quantized at load: weights per output channel (7-bit range, so that x86's
-//!   16-bit `vpmaddubsw` sums never saturate and every x86 CPU computes the same integers),
+//!   faster session creation and less per-operator overhead on short texts. fp32 equals
+//!   sentence-transformers within 1e-5. int8 is quantized at load: weights per output
+//!   channel (7-bit range, so that x86's 16-bit `vpmaddubsw` sums never saturate and every
+//!   x86 CPU computes the same integers),
 //!   activations per token row ([`Int8Activations::PerRow`]: a text's int8 vector does not
 //!   depend on its batch neighbours), with an exact fp32 rescaling of outlier channels folded
 //!   into the LayerNorm weights and the linears after them. Texts over
