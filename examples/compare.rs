@@ -123,10 +123,11 @@ fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn E
     }
     // `sessions`: the pool size; with more than one, each session gets one thread (one
     // session per core, see `ruri::ort::OrtBuilder::sessions`).
-    let ort = |graph: Graph, precision: Precision, sessions: usize| {
+    let ort_with = |graph: Graph, precision: Precision, sessions: usize, activations| {
         let mut builder = ruri::ort::builder()
             .graph(graph)
             .precision(precision)
+            .int8_activations(activations)
             .sessions(sessions)
             .batching(batching);
         if sessions > 1 {
@@ -142,6 +143,9 @@ fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn E
             .build_from_dir(model)
             .map(|e| Box::new(e) as Box<dyn Embedder>)
             .map_err(describe)
+    };
+    let ort = |graph: Graph, precision: Precision, sessions: usize| {
+        ort_with(graph, precision, sessions, Int8Activations::PerRow)
     };
     let candle = |dtype: DType| {
         ruri::candle::builder()
@@ -160,14 +164,9 @@ fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn E
         "fused_int8" => ort(Graph::Fused, Precision::Int8, 1),
         "fused_fp32_x2" => ort(Graph::Fused, Precision::Fp32, 2),
         "fused_int8_x2" => ort(Graph::Fused, Precision::Int8, 2),
-        "fused_int8_pertensor" => ruri::ort::builder()
-            .graph(Graph::Fused)
-            .precision(Precision::Int8)
-            .int8_activations(Int8Activations::PerTensor)
-            .batching(batching)
-            .build_from_dir(model)
-            .map(|e| Box::new(e) as Box<dyn Embedder>)
-            .map_err(describe),
+        "fused_int8_pertensor" => {
+            ort_with(Graph::Fused, Precision::Int8, 1, Int8Activations::PerTensor)
+        }
         "candle_f32" => candle(DType::F32),
         "candle_bf16" => candle(DType::BF16),
         other => Err(format!("unknown system {other:?}")),

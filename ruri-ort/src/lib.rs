@@ -167,7 +167,7 @@ pub enum OptimizationLevel {
     Basic,
     /// Basic plus fusions (attention, GELU, LayerNorm, …).
     Extended,
-    /// Everything, layout transformations included (the default).
+    /// Everything, layout transformations included (the default for ONNX files).
     #[default]
     All,
 }
@@ -233,7 +233,7 @@ pub struct OrtBuilder {
     runtime_path: Option<PathBuf>,
     intra_threads: Option<usize>,
     sessions: Option<usize>,
-    optimization: OptimizationLevel,
+    optimization: Option<OptimizationLevel>,
     batching: Option<BatchOptions>,
     whitespace: Whitespace,
     graph: Graph,
@@ -286,9 +286,12 @@ impl OrtBuilder {
         self
     }
 
-    /// Graph optimization level (default [`OptimizationLevel::All`]).
+    /// Graph optimization level. Default: [`OptimizationLevel::All`] for ONNX files,
+    /// [`OptimizationLevel::Basic`] for the fused graph, which is fused by construction (the
+    /// extended level would turn its Add + LayerNormalization into ONNX Runtime's CPU
+    /// SkipLayerNormalization, a scalar loop 8× slower).
     pub fn optimization(mut self, level: OptimizationLevel) -> Self {
-        self.optimization = level;
+        self.optimization = Some(level);
         self
     }
 
@@ -458,14 +461,7 @@ impl OrtBuilder {
                     context: format!("{context} (the fused graph of {})", origin.display()),
                     source: Box::new(e),
                 };
-                // The graph is fused by construction: basic rewrites only (the extended
-                // level would turn Add + LayerNormalization into ONNX Runtime's CPU
-                // SkipLayerNormalization, a scalar loop 8× slower).
-                let level = if settings.optimization == OptimizationLevel::All {
-                    OptimizationLevel::Basic
-                } else {
-                    settings.optimization
-                };
+                let level = settings.optimization.unwrap_or(OptimizationLevel::Basic);
                 let builder = settings
                     .session_builder(&environment, prepacked.as_ref(), level)
                     .map_err(|(c, e)| fail(c, e))?;
@@ -548,7 +544,8 @@ impl OrtBuilder {
             context: format!("{context} ({})", onnx.display()),
             source: Box::new(e),
         };
-        self.session_builder(environment, prepacked, self.optimization)
+        let level = self.optimization.unwrap_or_default();
+        self.session_builder(environment, prepacked, level)
             .map_err(|(c, e)| fail(c, e))?
             .commit_from_file(onnx)
             .map_err(|e| fail("loading the ONNX model", e))
