@@ -511,24 +511,18 @@ fn shared_nodes(
     Ok(shared)
 }
 
-/// Reads `name` (`out × in`, `nn.Linear`), scales its input rows by `smooth` (int8 only),
-/// and adds it in the form `linears` runs.
-#[allow(clippy::too_many_arguments)]
+/// Adds `w` (`out × cols` rows of an `nn.Linear` weight) with its input rows scaled by
+/// `smooth` (int8 only), in the form `linears` runs.
 fn weight(
     b: &mut Builder,
-    st: &mut Safetensors,
     linears: Linears,
-    name: &str,
-    rows: std::ops::Range<usize>,
+    w: &[f32],
     cols: usize,
     smooth: Option<&[f32]>,
     fail: &dyn Fn(ort::Error) -> ruri_core::Error,
 ) -> Result<Weight> {
-    let all = st.read(name)?;
-    let out = rows.len();
-    let w = &all[rows.start * cols..rows.end * cols];
+    let out = w.len() / cols;
     let mut t = transpose(w, out, cols); // cols × out = K × N
-    drop(all);
     if let Some(s) = smooth {
         for (row, &s) in t.chunks_exact_mut(out).zip(s) {
             if s != 1.0 {
@@ -625,33 +619,21 @@ fn layer(
     // Attention input: layer 0 reads the embedding norm's output directly (its attn_norm is
     // an identity). Smoothing folds into a norm's weight, so only where the norm's output
     // feeds nothing but linears (not layer 0: there it is also the residual stream).
+    // Each weight is read once, for its smoothing factors and for its initializers.
+    let wqkv = st.read(&format!("{p}.attn.Wqkv.weight"))?;
     let (normed, smooth_attn) = if n == 0 {
         (x.to_owned(), None)
     } else {
         let mut gamma = st.read(&format!("{p}.attn_norm.weight"))?;
-        let smooth = if int8 {
-            let w = st.read(&format!("{p}.attn.Wqkv.weight"))?;
-            Some(smoothing(&[(&w, 3 * h)], h))
-        } else {
-            None
-        };
+        let smooth = int8.then(|| smoothing(&wqkv, h));
         if let Some(sm) = &smooth {
             gamma.iter_mut().zip(sm).for_each(|(g, s)| *g /= s);
         }
         let gamma = b.init("attn_norm", &[h as i64], &gamma).map_err(fail)?;
         (b.layer_norm(x, &gamma, s.eps).map_err(fail)?, smooth)
     };
-    let wqkv = format!("{p}.attn.Wqkv.weight");
-    let qkv_w = weight(
-        b,
-        st,
-        shared.linears,
-        &wqkv,
-        0..3 * h,
-        h,
-        smooth_attn.as_deref(),
-        fail,
-    )?;
+    let qkv_w = weight(b, shared.linears, &wqkv, h, smooth_attn.as_deref(), fail)?;
+    drop(wqkv);
     let attn_out = (|| -> ort::Result<String> {
         let qkv = linear(b, shared, &normed, &qkv_w, &mut None)?;
         let mut parts = b.op(
@@ -726,64 +708,28 @@ fn layer(
         }
     })()
     .map_err(fail)?;
-    let wo = weight(
-        b,
-        st,
-        shared.linears,
-        &format!("{p}.attn.Wo.weight"),
-        0..h,
-        h,
-        None,
-        fail,
-    )?;
+    let wo = st.read(&format!("{p}.attn.Wo.weight"))?;
+    let wo = weight(b, shared.linears, &wo, h, None, fail)?;
     let x = (|| -> ort::Result<String> {
         let o = linear(b, shared, &attn_out, &wo, &mut None)?;
         b.one("Add", &[x, &o], vec![])
     })()
     .map_err(fail)?;
 
+    let wi = st.read(&format!("{p}.mlp.Wi.weight"))?;
     let mut gamma = st.read(&format!("{p}.mlp_norm.weight"))?;
-    let smooth_mlp = if int8 {
-        let w = st.read(&format!("{p}.mlp.Wi.weight"))?;
-        Some(smoothing(&[(&w, 2 * i)], h))
-    } else {
-        None
-    };
+    let smooth_mlp = int8.then(|| smoothing(&wi, h));
     if let Some(sm) = &smooth_mlp {
         gamma.iter_mut().zip(sm).for_each(|(g, s)| *g /= s);
     }
     let gamma = b.init("mlp_norm", &[h as i64], &gamma).map_err(fail)?;
-    let wi = format!("{p}.mlp.Wi.weight");
-    let wi_in = weight(
-        b,
-        st,
-        shared.linears,
-        &wi,
-        0..i,
-        h,
-        smooth_mlp.as_deref(),
-        fail,
-    )?;
-    let wi_gate = weight(
-        b,
-        st,
-        shared.linears,
-        &wi,
-        i..2 * i,
-        h,
-        smooth_mlp.as_deref(),
-        fail,
-    )?;
-    let wo = weight(
-        b,
-        st,
-        shared.linears,
-        &format!("{p}.mlp.Wo.weight"),
-        0..h,
-        i,
-        None,
-        fail,
-    )?;
+    // Wi's rows: the GELU input, then the gate.
+    let (wi_in, wi_gate) = wi.split_at(i * h);
+    let wi_in = weight(b, shared.linears, wi_in, h, smooth_mlp.as_deref(), fail)?;
+    let wi_gate = weight(b, shared.linears, wi_gate, h, smooth_mlp.as_deref(), fail)?;
+    drop(wi);
+    let wo = st.read(&format!("{p}.mlp.Wo.weight"))?;
+    let wo = weight(b, shared.linears, &wo, i, None, fail)?;
     (|| -> ort::Result<String> {
         let normed = b.layer_norm(&x, &gamma, s.eps)?;
         let mut cache = None;

@@ -414,8 +414,8 @@ pub(crate) fn quantize_columns(w: &[f32], k: usize, n: usize) -> QuantizedWeight
     QuantizedWeight { q, scale }
 }
 
-/// Smoothing factors for the input channels of the linears that read one LayerNorm's output
-/// (`weights`: their `nn.Linear` matrices, `out × inp` each).
+/// Smoothing factors for the input channels of a linear that reads a LayerNorm's output
+/// (`weight`: its `nn.Linear` matrix, `out × inp`).
 ///
 /// Trained transformers keep small the weights that read a massive-activation channel, and
 /// such a channel takes a per-row int8 scale for itself alone. So an input channel whose
@@ -423,13 +423,11 @@ pub(crate) fn quantize_columns(w: &[f32], k: usize, n: usize) -> QuantizedWeight
 /// `s = sqrt(median / largest)` in the norm's weight, and its weight rows are multiplied by
 /// `s`: exact in fp32 (the product is unchanged), and the scaled rows stay under the typical
 /// largest weight, so the per-column weight scales do not grow.
-pub(crate) fn smoothing(weights: &[(&[f32], usize)], inp: usize) -> Vec<f32> {
+pub(crate) fn smoothing(weight: &[f32], inp: usize) -> Vec<f32> {
     let mut largest = vec![0f32; inp];
-    for &(w, out) in weights {
-        for row in w.chunks_exact(inp).take(out) {
-            for (m, &x) in largest.iter_mut().zip(row) {
-                *m = m.max(x.abs());
-            }
+    for row in weight.chunks_exact(inp) {
+        for (m, &x) in largest.iter_mut().zip(row) {
+            *m = m.max(x.abs());
         }
     }
     let mut sorted = largest.clone();
@@ -479,15 +477,16 @@ mod tests {
 
     #[test]
     fn smoothing_lifts_only_weakly_read_channels() {
-        // Two linears (3 × 8 and 2 × 8) reading 8 channels; channel 3 is read with weights
-        // 1/36 of the others, channel 5 with half.
-        let mut a = vec![1.0f32; 3 * 8];
-        let mut b = vec![-1.0f32; 2 * 8];
-        for row in a.chunks_exact_mut(8).chain(b.chunks_exact_mut(8)) {
+        // A 5 × 8 linear reading 8 channels; channel 3 is read with weights 1/36 of the
+        // others, channel 5 with half.
+        let mut w: Vec<f32> = (0..5 * 8)
+            .map(|i| if i < 24 { 1.0 } else { -1.0 })
+            .collect();
+        for row in w.chunks_exact_mut(8) {
             row[3] /= 36.0;
             row[5] /= 2.0;
         }
-        let s = smoothing(&[(&a, 3), (&b, 2)], 8);
+        let s = smoothing(&w, 8);
         assert!((s[3] - 6.0).abs() < 1e-5, "{s:?}");
         assert!(
             s.iter().enumerate().all(|(i, &v)| i == 3 || v == 1.0),
