@@ -1,0 +1,425 @@
+//! The int8 GEMM: `C[m][n] = Σₖ A[m][k] · W[n][k]`, A and W signed 8-bit, C exact in i32.
+//!
+//! Every kernel computes the same integers (no instruction here saturates, and i32 sums of
+//! at most 127 · 127 · 2¹⁶ products cannot overflow), so which kernel runs never changes a
+//! bit of a vector:
+//!
+//! * [`Kernel::Avx512Vnni`]: `vpdpbusd` (u8 × s8 → i32). W is stored as `w + 128` (u8) and
+//!   A is broadcast as s8; `128 · Σₖ A[m][k]` is subtracted at the end.
+//! * [`Kernel::Avx2`]: W and A sign-extended to 16 bits, `vpmaddwd` (i16 × i16 pairs → i32).
+//!   Not `vpmaddubsw`, whose 16-bit pair sums saturate on 8-bit weights.
+//! * [`Kernel::Scalar`]: plain Rust, the reference the others are tested against.
+//!
+//! Weights are packed once per kernel at load ([`PackedWeights`]); activations are rows of
+//! [`QuantRows`], K padded with zeros to a multiple of 4.
+
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use std::fmt;
+use std::str::FromStr;
+
+use ruri_core::{Error, Result};
+
+/// Rows of K are padded to a multiple of this (the VNNI kernel reads 4 bytes at a time).
+pub(crate) const K_ALIGN: usize = 4;
+
+/// An int8 GEMM kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Kernel {
+    /// Plain Rust: every CPU; the reference of the others.
+    Scalar,
+    /// x86-64 AVX2: 16-bit multiply-adds of sign-extended bytes.
+    Avx2,
+    /// x86-64 AVX-512 VNNI (with AVX-512 BW): `vpdpbusd`.
+    Avx512Vnni,
+}
+
+impl Kernel {
+    /// Every kernel this build knows, whether or not this CPU runs it.
+    pub const ALL: [Kernel; 3] = [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512Vnni];
+
+    /// The name `RURI_KERNEL` and [`FromStr`] take.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Scalar => "scalar",
+            Kernel::Avx2 => "avx2",
+            Kernel::Avx512Vnni => "avx512vnni",
+        }
+    }
+
+    /// Whether this CPU (and this build's target) can run the kernel.
+    pub fn is_available(self) -> bool {
+        match self {
+            Kernel::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => std::arch::is_x86_feature_detected!("avx2"),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512Vnni => {
+                std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512bw")
+                    && std::arch::is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            Kernel::Avx2 | Kernel::Avx512Vnni => false,
+        }
+    }
+
+    /// The kernels this CPU can run, fastest last.
+    pub fn available() -> Vec<Kernel> {
+        Self::ALL.into_iter().filter(|k| k.is_available()).collect()
+    }
+
+    /// The fastest kernel this CPU runs.
+    pub fn detect() -> Kernel {
+        *Self::available()
+            .last()
+            .expect("the scalar kernel is always available")
+    }
+
+    /// The kernel named by the environment variable `RURI_KERNEL`, if it is set (an unknown
+    /// or unavailable name is an error); else [`Kernel::detect`].
+    pub fn from_env() -> Result<Kernel> {
+        match std::env::var("RURI_KERNEL") {
+            Ok(name) if !name.is_empty() => Self::checked(&name, "RURI_KERNEL"),
+            _ => Ok(Self::detect()),
+        }
+    }
+
+    /// Parses `name` and checks that this CPU runs it; errors name `option`.
+    pub(crate) fn checked(name: &str, option: &'static str) -> Result<Kernel> {
+        let kernel = Self::ALL
+            .into_iter()
+            .find(|k| k.name() == name)
+            .ok_or_else(|| Error::InvalidOption {
+                name: option,
+                value: name.to_owned(),
+                reason: "unknown int8 kernel (known: scalar, avx2, avx512vnni)",
+            })?;
+        kernel.ensure_available(option)?;
+        Ok(kernel)
+    }
+
+    /// An error naming `option` when this CPU cannot run the kernel.
+    pub(crate) fn ensure_available(self, option: &'static str) -> Result<()> {
+        if self.is_available() {
+            Ok(())
+        } else {
+            Err(Error::InvalidOption {
+                name: option,
+                value: self.name().to_owned(),
+                reason: "this CPU (or this build's target) cannot run that int8 kernel",
+            })
+        }
+    }
+}
+
+impl fmt::Display for Kernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Kernel {
+    type Err = Error;
+
+    /// A kernel by name (`scalar`, `avx2`, `avx512vnni`); unavailable ones are an error too.
+    fn from_str(name: &str) -> Result<Self> {
+        Self::checked(name, "kernel")
+    }
+}
+
+/// Rounds `len` up to a multiple of `to`.
+pub(crate) fn round_up(len: usize, to: usize) -> usize {
+    len.div_ceil(to) * to
+}
+
+/// Quantized activation rows: `rows × k_padded` signed bytes (padding zero), each row with
+/// its dequantization scale and the sum of its bytes (the VNNI kernel's correction).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct QuantRows {
+    pub(crate) data: Vec<i8>,
+    pub(crate) scales: Vec<f32>,
+    pub(crate) sums: Vec<i32>,
+    pub(crate) k_padded: usize,
+}
+
+impl QuantRows {
+    /// Empties the buffer for `rows` rows of `k` values (keeping its allocation).
+    pub(crate) fn reset(&mut self, rows: usize, k: usize) {
+        self.k_padded = round_up(k, K_ALIGN);
+        self.data.clear();
+        self.data.resize(rows * self.k_padded, 0);
+        self.scales.clear();
+        self.scales.resize(rows, 0.0);
+        self.sums.clear();
+        self.sums.resize(rows, 0);
+    }
+
+    /// Row `r`'s bytes (with padding) for writing.
+    pub(crate) fn row_mut(&mut self, r: usize) -> &mut [i8] {
+        let kp = self.k_padded;
+        &mut self.data[r * kp..(r + 1) * kp]
+    }
+
+    pub(crate) fn rows(&self) -> usize {
+        self.scales.len()
+    }
+}
+
+/// A weight matrix `n × k` (one row per output channel), quantized per output channel and
+/// packed for one kernel.
+#[derive(Debug, Clone)]
+pub(crate) struct PackedWeights {
+    pub(crate) kernel: Kernel,
+    pub(crate) n: usize,
+    pub(crate) k: usize,
+    pub(crate) k_padded: usize,
+    /// Columns of C the kernel writes per row (n rounded up to its column block).
+    pub(crate) n_padded: usize,
+    data: Vec<u8>,
+    /// Dequantization scale of each output channel.
+    pub(crate) scales: Vec<f32>,
+}
+
+impl PackedWeights {
+    /// Packs `q` (`n × k` row-major signed bytes, one row per output channel) for `kernel`.
+    pub(crate) fn pack(kernel: Kernel, q: &[i8], n: usize, k: usize, scales: Vec<f32>) -> Self {
+        assert_eq!(q.len(), n * k, "packing a matrix of the wrong size");
+        let k_padded = round_up(k, K_ALIGN);
+        let (n_padded, data) = match kernel {
+            Kernel::Scalar => {
+                let mut data = vec![0u8; n * k_padded];
+                for (dst, src) in data.chunks_exact_mut(k_padded).zip(q.chunks_exact(k)) {
+                    for (d, &s) in dst.iter_mut().zip(src) {
+                        *d = s as u8;
+                    }
+                }
+                (n, data)
+            }
+            Kernel::Avx2 => {
+                // [column block of 16][k pair][two halves of 8 columns][column][2 bytes]
+                let n_padded = round_up(n, 16);
+                let pairs = k_padded / 2;
+                let mut data = vec![0u8; n_padded * k_padded];
+                for block in 0..n_padded / 16 {
+                    for p in 0..pairs {
+                        let base = (block * pairs + p) * 32;
+                        for c in 0..16 {
+                            let col = block * 16 + c;
+                            for j in 0..2 {
+                                let kk = 2 * p + j;
+                                let v = if col < n && kk < k {
+                                    q[col * k + kk]
+                                } else {
+                                    0
+                                };
+                                data[base + (c / 8) * 16 + (c % 8) * 2 + j] = v as u8;
+                            }
+                        }
+                    }
+                }
+                (n_padded, data)
+            }
+            Kernel::Avx512Vnni => {
+                // [column block of 64][k quad][four zmm of 16 columns][column][4 bytes], each
+                // byte w + 128 (u8). Padding stands for w = 0 (128), and A's padding is 0, so
+                // padded k contribute nothing; padded columns are never read back.
+                let n_padded = round_up(n, 64);
+                let quads = k_padded / 4;
+                let mut data = vec![128u8; n_padded * k_padded];
+                for block in 0..n_padded / 64 {
+                    for p in 0..quads {
+                        let base = (block * quads + p) * 256;
+                        for c in 0..64 {
+                            let col = block * 64 + c;
+                            for j in 0..4 {
+                                let kk = 4 * p + j;
+                                let v = if col < n && kk < k {
+                                    q[col * k + kk]
+                                } else {
+                                    0
+                                };
+                                data[base + c * 4 + j] = (v as i16 + 128) as u8;
+                            }
+                        }
+                    }
+                }
+                (n_padded, data)
+            }
+        };
+        Self {
+            kernel,
+            n,
+            k,
+            k_padded,
+            n_padded,
+            data,
+            scales,
+        }
+    }
+
+    /// Bytes held.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.data.len() + 4 * self.scales.len()
+    }
+
+    /// `c[r * n_padded + col] = Σₖ a[r][k] · w[col][k]` for every row of `a`; `c` holds
+    /// `a.rows() × n_padded` values (the padded columns get values that mean nothing).
+    pub(crate) fn gemm(&self, a: &QuantRows, c: &mut [i32]) {
+        assert_eq!(
+            a.k_padded, self.k_padded,
+            "activation and weight widths differ"
+        );
+        assert!(
+            c.len() >= a.rows() * self.n_padded,
+            "output buffer too small"
+        );
+        let rows = a.rows();
+        match self.kernel {
+            Kernel::Scalar => scalar_gemm(a, &self.data, self.n, self.k_padded, c),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => {
+                x86::avx2_gemm(&a.data, rows, self.k_padded, &self.data, self.n_padded, c)
+            }
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512Vnni => x86::vnni_gemm(
+                &a.data,
+                &a.sums,
+                rows,
+                self.k_padded,
+                &self.data,
+                self.n_padded,
+                c,
+            ),
+            #[cfg(not(target_arch = "x86_64"))]
+            Kernel::Avx2 | Kernel::Avx512Vnni => {
+                unreachable!("x86 kernels are refused on other targets at build time")
+            }
+        }
+    }
+}
+
+/// The reference kernel.
+fn scalar_gemm(a: &QuantRows, w: &[u8], n: usize, kp: usize, c: &mut [i32]) {
+    for (r, out) in c.chunks_exact_mut(n).take(a.rows()).enumerate() {
+        let row = &a.data[r * kp..(r + 1) * kp];
+        for (o, col) in out.iter_mut().zip(w.chunks_exact(kp)) {
+            *o = row
+                .iter()
+                .zip(col)
+                .map(|(&x, &y)| i32::from(x) * i32::from(y as i8))
+                .sum();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn quant_rows(values: &[i8], rows: usize, k: usize) -> QuantRows {
+        let mut a = QuantRows::default();
+        a.reset(rows, k);
+        for r in 0..rows {
+            let row = &values[r * k..(r + 1) * k];
+            a.row_mut(r)[..k].copy_from_slice(row);
+            a.sums[r] = row.iter().map(|&v| i32::from(v)).sum();
+            a.scales[r] = 1.0;
+        }
+        a
+    }
+
+    /// C as a dense `rows × n` matrix, whatever the kernel's padding.
+    fn run(kernel: Kernel, a: &QuantRows, w: &[i8], n: usize, k: usize) -> Vec<i32> {
+        let packed = PackedWeights::pack(kernel, w, n, k, vec![1.0; n]);
+        let mut c = vec![0; a.rows() * packed.n_padded];
+        packed.gemm(a, &mut c);
+        c.chunks_exact(packed.n_padded)
+            .flat_map(|row| row[..n].to_vec())
+            .collect()
+    }
+
+    fn naive(a: &[i8], w: &[i8], rows: usize, n: usize, k: usize) -> Vec<i32> {
+        let mut c = vec![0; rows * n];
+        for r in 0..rows {
+            for col in 0..n {
+                let mut s = 0i64;
+                for kk in 0..k {
+                    s += i64::from(a[r * k + kk]) * i64::from(w[col * k + kk]);
+                }
+                c[r * n + col] = i32::try_from(s).unwrap();
+            }
+        }
+        c
+    }
+
+    fn matrix(len: usize) -> impl Strategy<Value = Vec<i8>> {
+        // Mostly the extremes: the values that saturate 16-bit pair sums if a kernel did.
+        proptest::collection::vec(
+            prop_oneof![Just(-127i8), Just(127i8), Just(-128i8), any::<i8>()],
+            len,
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// Every kernel this CPU runs equals the scalar one, and the scalar one equals a
+        /// 64-bit sum written independently, on shapes with every kind of tail.
+        #[test]
+        fn kernels_equal_scalar((rows, n, k, a, w) in (1usize..20, 1usize..150, 1usize..70)
+            .prop_flat_map(|(rows, n, k)| (Just(rows), Just(n), Just(k), matrix(rows * k), matrix(n * k))))
+        {
+            // -128 is outside the symmetric range the quantizer produces; clamp like it.
+            let a: Vec<i8> = a.into_iter().map(|v| v.max(-127)).collect();
+            let w: Vec<i8> = w.into_iter().map(|v| v.max(-127)).collect();
+            let expected = naive(&a, &w, rows, n, k);
+            let qa = quant_rows(&a, rows, k);
+            for kernel in Kernel::available() {
+                prop_assert_eq!(&run(kernel, &qa, &w, n, k), &expected, "kernel {}", kernel);
+            }
+        }
+    }
+
+    /// The largest sums the model can produce (K = 3,072, the 310m shape's widest input, all
+    /// products 127 · 127) are exact on every kernel.
+    #[test]
+    fn extreme_sums_are_exact() {
+        let (rows, n, k) = (7, 70, 3072);
+        let a = vec![127i8; rows * k];
+        let mut w = vec![127i8; n * k];
+        for v in w.iter_mut().skip(n * k / 2) {
+            *v = -127;
+        }
+        let expected = naive(&a, &w, rows, n, k);
+        assert_eq!(expected[0], 127 * 127 * 3072);
+        let qa = quant_rows(&a, rows, k);
+        for kernel in Kernel::available() {
+            assert_eq!(run(kernel, &qa, &w, n, k), expected, "kernel {kernel}");
+        }
+    }
+
+    #[test]
+    fn names_parse_and_unknown_ones_are_typed_errors() {
+        assert_eq!("scalar".parse::<Kernel>().unwrap(), Kernel::Scalar);
+        for kernel in Kernel::ALL {
+            assert_eq!(kernel.to_string(), kernel.name());
+        }
+        match "sse9".parse::<Kernel>() {
+            Err(Error::InvalidOption { name, value, .. }) => {
+                assert_eq!((name, value.as_str()), ("kernel", "sse9"));
+            }
+            other => panic!("expected InvalidOption, got {other:?}"),
+        }
+        for kernel in Kernel::ALL.into_iter().filter(|k| !k.is_available()) {
+            assert!(matches!(
+                kernel.name().parse::<Kernel>(),
+                Err(Error::InvalidOption { .. })
+            ));
+        }
+        assert!(Kernel::detect().is_available());
+    }
+}

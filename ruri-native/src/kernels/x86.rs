@@ -1,0 +1,231 @@
+//! The x86-64 int8 microkernels: all of this crate's SIMD `unsafe` lives here.
+//!
+//! Each public function checks, at run time, that the CPU has the instructions its kernel
+//! uses and that every buffer is as large as the loops read or write; the `unsafe` blocks
+//! rely on nothing else. Both are property-tested against the scalar kernel
+//! (`kernels::tests`).
+
+use std::arch::x86_64::*;
+
+use super::Kernel;
+
+/// Rows of one microkernel tile.
+const MR: usize = 6;
+/// Rows per block: one block of A stays in cache while every column block of W streams by.
+const ROW_BLOCK: usize = 8 * MR;
+
+/// `c[r * n_padded + j] = Σₖ a[r][k] · w[j][k]` with `vpdpbusd`. `w` is packed by
+/// `PackedWeights::pack(Kernel::Avx512Vnni, …)` (u8 = w + 128), `sums[r] = Σₖ a[r][k]`.
+pub(super) fn vnni_gemm(
+    a: &[i8],
+    sums: &[i32],
+    rows: usize,
+    k_padded: usize,
+    w: &[u8],
+    n_padded: usize,
+    c: &mut [i32],
+) {
+    assert!(
+        Kernel::Avx512Vnni.is_available(),
+        "AVX-512 VNNI kernel on a CPU without it"
+    );
+    assert!(k_padded.is_multiple_of(4) && n_padded.is_multiple_of(64));
+    assert!(a.len() >= rows * k_padded && sums.len() >= rows);
+    assert!(w.len() >= n_padded * k_padded && c.len() >= rows * n_padded);
+    // SAFETY: the CPU runs AVX-512 F/BW/VNNI (checked above), and the buffers hold what the
+    // loops index (checked above: every tile reads rows × k_padded bytes of `a`, a
+    // 64 × k_padded panel of `w`, and writes 64 columns of rows < `rows` of `c`).
+    unsafe { vnni_gemm_impl(a, sums, rows, k_padded, w, n_padded, c) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+fn vnni_gemm_impl(
+    a: &[i8],
+    sums: &[i32],
+    rows: usize,
+    k_padded: usize,
+    w: &[u8],
+    n_padded: usize,
+    c: &mut [i32],
+) {
+    let quads = k_padded / 4;
+    for row0 in (0..rows).step_by(ROW_BLOCK) {
+        let row_end = (row0 + ROW_BLOCK).min(rows);
+        for block in 0..n_padded / 64 {
+            let mut r = row0;
+            while r < row_end {
+                let mr = (row_end - r).min(MR);
+                // SAFETY: rows r..r + mr exist in a, sums and c, and the panel of `block`
+                // exists in w (asserted by the caller); offsets stay inside those bounds.
+                unsafe {
+                    let a_ptr = a.as_ptr().add(r * k_padded);
+                    let w_ptr = w.as_ptr().add(block * quads * 256);
+                    let c_ptr = c.as_mut_ptr().add(r * n_padded + block * 64);
+                    let s_ptr = sums.as_ptr().add(r);
+                    match mr {
+                        6 => vnni_tile::<6>(a_ptr, k_padded, w_ptr, quads, c_ptr, n_padded, s_ptr),
+                        5 => vnni_tile::<5>(a_ptr, k_padded, w_ptr, quads, c_ptr, n_padded, s_ptr),
+                        4 => vnni_tile::<4>(a_ptr, k_padded, w_ptr, quads, c_ptr, n_padded, s_ptr),
+                        3 => vnni_tile::<3>(a_ptr, k_padded, w_ptr, quads, c_ptr, n_padded, s_ptr),
+                        2 => vnni_tile::<2>(a_ptr, k_padded, w_ptr, quads, c_ptr, n_padded, s_ptr),
+                        _ => vnni_tile::<1>(a_ptr, k_padded, w_ptr, quads, c_ptr, n_padded, s_ptr),
+                    }
+                }
+                r += mr;
+            }
+        }
+    }
+}
+
+/// One `R × 64` tile over the whole K: 4·R zmm accumulators, W's four zmm loaded once per
+/// k quad and A's 4 bytes broadcast per row.
+///
+/// # Safety
+/// AVX-512 F/BW/VNNI; `a` has `R` rows of `a_stride` bytes with `quads · 4 ≤ a_stride`;
+/// `w` has `quads · 256` bytes; `c` has `R` rows of `c_stride` i32 with 64 writable at the
+/// start of each; `sums` has `R` values.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[inline]
+unsafe fn vnni_tile<const R: usize>(
+    a: *const i8,
+    a_stride: usize,
+    w: *const u8,
+    quads: usize,
+    c: *mut i32,
+    c_stride: usize,
+    sums: *const i32,
+) {
+    let mut acc = [[_mm512_setzero_si512(); 4]; R];
+    for q in 0..quads {
+        // SAFETY: q < quads, so the 256 bytes at q · 256 are inside w, and the 4 bytes at
+        // row · a_stride + 4q are inside row `row` of a (caller's contract).
+        unsafe {
+            let wq = w.add(q * 256);
+            let w0 = _mm512_loadu_si512(wq.cast());
+            let w1 = _mm512_loadu_si512(wq.add(64).cast());
+            let w2 = _mm512_loadu_si512(wq.add(128).cast());
+            let w3 = _mm512_loadu_si512(wq.add(192).cast());
+            for (row, acc) in acc.iter_mut().enumerate() {
+                let x = a.add(row * a_stride + 4 * q).cast::<i32>().read_unaligned();
+                let x = _mm512_set1_epi32(x);
+                acc[0] = _mm512_dpbusd_epi32(acc[0], w0, x);
+                acc[1] = _mm512_dpbusd_epi32(acc[1], w1, x);
+                acc[2] = _mm512_dpbusd_epi32(acc[2], w2, x);
+                acc[3] = _mm512_dpbusd_epi32(acc[3], w3, x);
+            }
+        }
+    }
+    for (row, acc) in acc.iter().enumerate() {
+        // SAFETY: row < R, and each row of c has 64 writable i32 from its start (caller).
+        unsafe {
+            let correction = _mm512_set1_epi32(128 * *sums.add(row));
+            let out = c.add(row * c_stride);
+            for (j, &v) in acc.iter().enumerate() {
+                _mm512_storeu_si512(out.add(16 * j).cast(), _mm512_sub_epi32(v, correction));
+            }
+        }
+    }
+}
+
+/// `c[r * n_padded + j] = Σₖ a[r][k] · w[j][k]` with `vpmaddwd` on sign-extended bytes. `w`
+/// is packed by `PackedWeights::pack(Kernel::Avx2, …)`.
+pub(super) fn avx2_gemm(
+    a: &[i8],
+    rows: usize,
+    k_padded: usize,
+    w: &[u8],
+    n_padded: usize,
+    c: &mut [i32],
+) {
+    assert!(
+        Kernel::Avx2.is_available(),
+        "AVX2 kernel on a CPU without it"
+    );
+    assert!(k_padded.is_multiple_of(2) && n_padded.is_multiple_of(16));
+    assert!(a.len() >= rows * k_padded);
+    assert!(w.len() >= n_padded * k_padded && c.len() >= rows * n_padded);
+    // A widened once per call: the tiles broadcast i16 pairs.
+    let a16: Vec<i16> = a[..rows * k_padded].iter().map(|&v| i16::from(v)).collect();
+    // SAFETY: the CPU runs AVX2 (checked above), and the buffers hold what the loops index
+    // (checked above; `a16` has rows × k_padded values).
+    unsafe { avx2_gemm_impl(&a16, rows, k_padded, w, n_padded, c) }
+}
+
+#[target_feature(enable = "avx2")]
+fn avx2_gemm_impl(
+    a16: &[i16],
+    rows: usize,
+    k_padded: usize,
+    w: &[u8],
+    n_padded: usize,
+    c: &mut [i32],
+) {
+    let pairs = k_padded / 2;
+    for row0 in (0..rows).step_by(ROW_BLOCK) {
+        let row_end = (row0 + ROW_BLOCK).min(rows);
+        for block in 0..n_padded / 16 {
+            let mut r = row0;
+            while r < row_end {
+                let mr = (row_end - r).min(MR);
+                // SAFETY: rows r..r + mr exist in a16 and c, the panel of `block` exists in w
+                // (asserted by the caller).
+                unsafe {
+                    let a_ptr = a16.as_ptr().add(r * k_padded);
+                    let w_ptr = w.as_ptr().add(block * pairs * 32);
+                    let c_ptr = c.as_mut_ptr().add(r * n_padded + block * 16);
+                    match mr {
+                        6 => avx2_tile::<6>(a_ptr, k_padded, w_ptr, pairs, c_ptr, n_padded),
+                        5 => avx2_tile::<5>(a_ptr, k_padded, w_ptr, pairs, c_ptr, n_padded),
+                        4 => avx2_tile::<4>(a_ptr, k_padded, w_ptr, pairs, c_ptr, n_padded),
+                        3 => avx2_tile::<3>(a_ptr, k_padded, w_ptr, pairs, c_ptr, n_padded),
+                        2 => avx2_tile::<2>(a_ptr, k_padded, w_ptr, pairs, c_ptr, n_padded),
+                        _ => avx2_tile::<1>(a_ptr, k_padded, w_ptr, pairs, c_ptr, n_padded),
+                    }
+                }
+                r += mr;
+            }
+        }
+    }
+}
+
+/// One `R × 16` tile over the whole K: 2·R ymm accumulators; per k pair, W's 32 bytes are
+/// sign-extended into two ymm of i16 and A's i16 pair is broadcast per row.
+///
+/// # Safety
+/// AVX2; `a` has `R` rows of `a_stride` i16 with `pairs · 2 ≤ a_stride`; `w` has
+/// `pairs · 32` bytes; `c` has `R` rows of `c_stride` i32 with 16 writable at each start.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn avx2_tile<const R: usize>(
+    a: *const i16,
+    a_stride: usize,
+    w: *const u8,
+    pairs: usize,
+    c: *mut i32,
+    c_stride: usize,
+) {
+    let mut acc = [[_mm256_setzero_si256(); 2]; R];
+    for p in 0..pairs {
+        // SAFETY: p < pairs, so the 32 bytes at p · 32 are inside w, and the pair at
+        // row · a_stride + 2p is inside row `row` of a (caller's contract).
+        unsafe {
+            let wp = w.add(p * 32);
+            let w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wp.cast()));
+            let w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wp.add(16).cast()));
+            for (row, acc) in acc.iter_mut().enumerate() {
+                let x = a.add(row * a_stride + 2 * p).cast::<i32>().read_unaligned();
+                let x = _mm256_set1_epi32(x);
+                acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(w0, x));
+                acc[1] = _mm256_add_epi32(acc[1], _mm256_madd_epi16(w1, x));
+            }
+        }
+    }
+    for (row, acc) in acc.iter().enumerate() {
+        // SAFETY: row < R, and each row of c has 16 writable i32 from its start (caller).
+        unsafe {
+            let out = c.add(row * c_stride);
+            _mm256_storeu_si256(out.cast(), acc[0]);
+            _mm256_storeu_si256(out.add(8).cast(), acc[1]);
+        }
+    }
+}

@@ -1,0 +1,391 @@
+//! Ruri v3 embeddings in pure Rust: ruri's own ModernBERT engine, with no C or C++ runtime
+//! underneath, at fp32 and at int8 with exact integer kernels.
+//!
+//! [`builder()`] makes a [`ruri_core::TextEmbedder`] (the shared pipeline: prompts,
+//! whitespace and truncation policies, length-sorted batches, normalization) around a
+//! [`NativeBackend`], which reads `config.json` + `model.safetensors` (the official
+//! cl-nagoya folders as they are) and turns a padded batch into mean-pooled vectors.
+//!
+//! ```
+//! use ruri_native::Precision;
+//!
+//! # let folder = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/tiny");
+//! // `folder`: a Ruri v3 sentence-transformers folder (here the repository's tiny test model).
+//! let embedder = ruri_native::builder()
+//!     .precision(Precision::Int8)
+//!     .build_from_dir(folder)?;
+//! let query = embedder.embed_query("瑠璃色はどんな色？")?;
+//! assert_eq!(query.len(), embedder.dim());
+//! # Ok::<(), ruri_core::Error>(())
+//! ```
+//!
+//! # The engine
+//!
+//! * **Packed tokens.** The texts of a batch are laid end to end: no padding token reaches
+//!   a linear layer. Attention runs text by text (a local layer only over its keys
+//!   `|i − j| ≤ local_attention / 2`, never a `seq × seq` matrix); mean pooling is
+//!   accumulated while the final norm is applied.
+//! * **int8** ([`Precision::Int8`]): weights quantized at load per output channel
+//!   (symmetric, 8-bit), activations per token row (symmetric, 8-bit), products summed
+//!   exactly in i32 by one of the [`Kernel`]s, then `f32(Σ) · s_x · s_w`. Input channels
+//!   that carry a massive activation (found from the weights: columns read by tiny
+//!   weights) are left out of the int8 product and added in f32 (LLM.int8()'s
+//!   decomposition), so one huge channel does not coarsen the quantization of the row.
+//!   `tools/testdata/int8_reference.py` implements the same scheme in NumPy.
+//! * **fp32** ([`Precision::Fp32`]): the same layout with the `gemm` crate's fp32 GEMM.
+//!
+//! # The same vector everywhere (int8)
+//!
+//! Integer sums are exact on every kernel, and every float step (norms, softmax, GELU,
+//! rotary tables, pooling) is plain IEEE arithmetic in a fixed order with this crate's own
+//! `exp` and `erf` and libm's pure-Rust `sin`/`cos`, so a text's int8 vector has the same
+//! bits alone or in any batch, on every kernel, on every CPU. Force a kernel with
+//! [`NativeBuilder::kernel`] or `RURI_KERNEL=scalar|avx2|avx512vnni` (an unknown name, or one
+//! this CPU cannot run, is [`ruri_core::Error::InvalidOption`]). fp32 vectors depend on the
+//! `gemm` crate's choice of instructions, within 1e-5 of sentence-transformers.
+//!
+//! # Threads
+//!
+//! A batch with several texts is split into groups of whole texts, one per thread, each
+//! running the whole model: no thread joins inside a layer. A pool of
+//! [`NativeBuilder::threads`] workers (default: the machine's available parallelism) is
+//! owned by the backend; idle workers spin briefly, then sleep.
+//!
+//! # Memory
+//!
+//! Weights are held once (the backend is `Send + Sync`; share it behind the embedder). The
+//! token-embedding table is read row by row from the file the first time each token
+//! appears, so rows a workload never uses take no memory.
+
+#![deny(missing_docs)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+#[cfg(feature = "hub")]
+mod hub;
+mod kernels;
+mod linear;
+mod math;
+mod model;
+mod weights;
+
+pub use kernels::Kernel;
+
+use std::path::{Path, PathBuf};
+
+use ndarray::Array2;
+use ruri_core::{
+    Backend, BackendOutput, BatchOptions, Error, ModelDir, PaddedBatch, Result, TextEmbedder,
+    Whitespace,
+};
+
+use model::{Model, Packed, bad_id};
+use weights::Safetensors;
+
+/// The precision the encoder runs in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Precision {
+    /// 32-bit floats: equal to sentence-transformers within 1e-5.
+    Fp32,
+    /// int8 weights and activations, exact i32 sums (default).
+    #[default]
+    Int8,
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Precision::Fp32 => "fp32",
+            Precision::Int8 => "int8",
+        })
+    }
+}
+
+/// Starts a builder of a [`TextEmbedder`] on the native engine (`ruri::native::builder()`).
+pub fn builder() -> NativeBuilder {
+    NativeBuilder::default()
+}
+
+/// Builds a [`TextEmbedder`] on the native engine. Setters never fail; everything is
+/// checked in [`build_from_dir`](NativeBuilder::build_from_dir).
+#[derive(Debug, Clone, Default)]
+#[must_use]
+pub struct NativeBuilder {
+    precision: Precision,
+    kernel: Option<Kernel>,
+    threads: Option<usize>,
+    outliers: Option<bool>,
+    batching: Option<BatchOptions>,
+    whitespace: Whitespace,
+}
+
+impl NativeBuilder {
+    /// fp32 or int8 (default [`Precision::Int8`]).
+    pub fn precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
+        self
+    }
+
+    /// The int8 kernel (default: `RURI_KERNEL` if set, else the fastest this CPU runs).
+    pub fn kernel(mut self, kernel: Kernel) -> Self {
+        self.kernel = Some(kernel);
+        self
+    }
+
+    /// Worker threads (default: the machine's available parallelism; 1 runs on the
+    /// caller's thread).
+    pub fn threads(mut self, threads: usize) -> Self {
+        self.threads = Some(threads);
+        self
+    }
+
+    /// Whether int8 computes massive-activation input channels in f32 (default `true`).
+    pub fn outlier_channels(mut self, enabled: bool) -> Self {
+        self.outliers = Some(enabled);
+        self
+    }
+
+    /// Batch limits of the pipeline (default: [`BatchOptions::default`]).
+    pub fn batching(mut self, batching: BatchOptions) -> Self {
+        self.batching = Some(batching);
+        self
+    }
+
+    /// Whitespace policy for prompt + text (default [`Whitespace::Keep`]).
+    pub fn whitespace(mut self, whitespace: Whitespace) -> Self {
+        self.whitespace = whitespace;
+        self
+    }
+
+    /// Opens the model folder and prepares the weights of `model.safetensors`.
+    pub fn build_from_dir(self, dir: impl AsRef<Path>) -> Result<TextEmbedder> {
+        let dir = ModelDir::open(dir)?;
+        let embedder =
+            TextEmbedder::load(&dir, self.batching, || NativeBackend::load(&dir, &self))?
+                .with_whitespace(self.whitespace);
+        Ok(embedder)
+    }
+}
+
+/// The native [`Backend`]: ModernBERT weights prepared for one precision and kernel.
+#[derive(Debug)]
+pub struct NativeBackend {
+    model: Model,
+    pool: Option<rayon::ThreadPool>,
+    weights: PathBuf,
+    precision: Precision,
+}
+
+impl NativeBackend {
+    /// Loads `model.safetensors` of `dir` as `builder` says.
+    pub fn load(dir: &ModelDir, builder: &NativeBuilder) -> Result<Self> {
+        let config = dir.config();
+        let config_path = dir.path().join("config.json");
+        if config.hidden_activation != "gelu" {
+            return Err(Error::Unsupported {
+                path: config_path,
+                what: format!(
+                    "hidden_activation {:?} (Ruri v3 uses \"gelu\", the erf GELU)",
+                    config.hidden_activation
+                ),
+            });
+        }
+        if !config.head_dim().is_multiple_of(2) {
+            return Err(Error::InvalidConfig {
+                path: config_path,
+                reason: format!(
+                    "head dimension {} is odd: RoPE needs pairs",
+                    config.head_dim()
+                ),
+            });
+        }
+        let kernel = match builder.kernel {
+            Some(kernel) => {
+                kernel.ensure_available("kernel")?;
+                kernel
+            }
+            None => Kernel::from_env()?,
+        };
+        let threads = match builder.threads {
+            Some(0) => {
+                return Err(Error::InvalidOption {
+                    name: "threads",
+                    value: "0".into(),
+                    reason: "needs at least one thread",
+                });
+            }
+            Some(n) => n,
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        };
+        let weights = dir.file("model.safetensors")?;
+        let safetensors = Safetensors::open(&weights, config)?;
+        let model = Model::load(
+            config,
+            safetensors,
+            builder.precision,
+            kernel,
+            builder.outliers.unwrap_or(true),
+        )?;
+        let pool = if threads > 1 {
+            Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .thread_name(|i| format!("ruri-native-{i}"))
+                    .build()
+                    .map_err(|e| Error::Backend {
+                        backend: "native",
+                        context: format!("starting {threads} worker threads"),
+                        source: Box::new(e),
+                    })?,
+            )
+        } else {
+            None
+        };
+        Ok(Self {
+            model,
+            pool,
+            weights,
+            precision: builder.precision,
+        })
+    }
+
+    /// The precision the encoder runs in.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// The int8 kernel in use (`None` at fp32).
+    pub fn kernel(&self) -> Option<Kernel> {
+        self.model.kernel()
+    }
+
+    /// Worker threads.
+    pub fn threads(&self) -> usize {
+        self.pool.as_ref().map_or(1, |p| p.current_num_threads())
+    }
+
+    /// The safetensors file the weights came from.
+    pub fn weights_file(&self) -> &Path {
+        &self.weights
+    }
+
+    /// Bytes of prepared layer weights held (the embedding rows read so far not counted).
+    pub fn weight_bytes(&self) -> usize {
+        self.model.weight_bytes()
+    }
+}
+
+impl Backend for NativeBackend {
+    fn dim(&self) -> usize {
+        self.model.hidden()
+    }
+
+    fn forward(&self, batch: &PaddedBatch) -> Result<BackendOutput> {
+        let (rows, seq) = (batch.batch_size(), batch.seq_len());
+        let (ids_in, mask) = (batch.input_ids(), batch.attention_mask());
+        if seq > self.model.max_positions() {
+            return Err(Error::InvalidOption {
+                name: "input_ids",
+                value: format!("{seq} positions"),
+                reason: "longer than the model's max_position_embeddings",
+            });
+        }
+        // Pack the tokens under the mask; positions stay their column (transformers'
+        // position_ids = arange(seq) with the padding masked out).
+        let mut ids = Vec::with_capacity(ids_in.len());
+        let mut positions = Vec::with_capacity(ids_in.len());
+        let mut offsets = Vec::with_capacity(rows + 1);
+        offsets.push(0);
+        for r in 0..rows {
+            for c in 0..seq {
+                if mask[r * seq + c] != 0 {
+                    let id = ids_in[r * seq + c];
+                    let id = u32::try_from(id)
+                        .ok()
+                        .filter(|&v| (v as usize) < self.model.vocab())
+                        .ok_or_else(|| bad_id(id))?;
+                    ids.push(id);
+                    positions.push(c as u32);
+                }
+            }
+            offsets.push(ids.len());
+        }
+        let h = self.dim();
+        let mut out = vec![0.0f32; rows * h];
+        let groups = self.groups(&offsets);
+        match (&self.pool, groups.len()) {
+            (Some(pool), n) if n > 1 => {
+                let mut results: Vec<Result<()>> = Vec::new();
+                let mut chunks = Vec::with_capacity(n);
+                let mut rest = out.as_mut_slice();
+                for g in &groups {
+                    let (head, tail) = rest.split_at_mut(g.len() * h);
+                    chunks.push(head);
+                    rest = tail;
+                }
+                pool.scope(|s| {
+                    let (tx, rx) = std::sync::mpsc::channel();
+                    for (g, chunk) in groups.iter().zip(chunks) {
+                        let tx = tx.clone();
+                        let (ids, positions, offsets) = (&ids, &positions, &offsets);
+                        s.spawn(move |_| {
+                            let base = offsets[g.start];
+                            let local: Vec<usize> =
+                                offsets[g.start..=g.end].iter().map(|o| o - base).collect();
+                            let end = offsets[g.end];
+                            let packed = Packed {
+                                ids: &ids[base..end],
+                                positions: &positions[base..end],
+                                offsets: &local,
+                            };
+                            // The receiver outlives the scope: sending cannot fail.
+                            let _ = tx.send(self.model.embed(&packed, chunk));
+                        });
+                    }
+                    drop(tx);
+                    results.extend(rx);
+                });
+                results.into_iter().collect::<Result<()>>()?;
+            }
+            _ => {
+                let packed = Packed {
+                    ids: &ids,
+                    positions: &positions,
+                    offsets: &offsets,
+                };
+                self.model.embed(&packed, &mut out)?;
+            }
+        }
+        let pooled = Array2::from_shape_vec((rows, h), out).map_err(|e| Error::ModelOutput {
+            reason: format!("pooled output of unexpected size: {e}"),
+        })?;
+        Ok(BackendOutput::Pooled(pooled))
+    }
+}
+
+impl NativeBackend {
+    /// Contiguous groups of whole texts with about equal token counts, one per worker
+    /// (fewer when there are fewer texts).
+    fn groups(&self, offsets: &[usize]) -> Vec<std::ops::Range<usize>> {
+        let texts = offsets.len() - 1;
+        let workers = self.threads().min(texts).max(1);
+        let total = offsets[texts];
+        let mut groups = Vec::with_capacity(workers);
+        let mut start = 0;
+        for w in 1..=workers {
+            let target = total * w / workers;
+            let mut end = start;
+            while end < texts && (offsets[end + 1] <= target || end == start) {
+                end += 1;
+            }
+            if w == workers {
+                end = texts;
+            }
+            if end > start {
+                groups.push(start..end);
+            }
+            start = end;
+        }
+        groups
+    }
+}

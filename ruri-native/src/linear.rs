@@ -1,0 +1,298 @@
+//! The linear layers (no bias in ModernBERT): fp32 through the `gemm` crate, or int8 through
+//! this crate's exact kernels with the quantization and dequantization around them.
+//!
+//! int8, step by step (`tools/testdata/int8_reference.py` implements the same in NumPy):
+//! * weights: per output channel, symmetric, 8-bit: `s_w = max|w| / 127`,
+//!   `q = rint(w · (127 / max|w|))`;
+//! * activations: per token row, symmetric, 8-bit, the same formula over the row;
+//! * `y = (f32(Σ q_x · q_w) · s_x) · s_w`, exact integers in between;
+//! * outlier input channels (see [`detect_outliers`]) are left out of the int8 product and
+//!   added in f32, LLM.int8()'s decomposition: `y += Σ_c x_c · w_c` in channel order.
+
+use crate::kernels::{Kernel, PackedWeights, QuantRows};
+use crate::math::round_even;
+
+/// An input channel is an outlier when its weight column's norm is below this fraction of
+/// the median column norm: a channel that carries a massive activation is read by tiny
+/// weights (what the model learned to do with it; the planted outlier of the test models
+/// and the one real Ruri v3 models have, see testdata/README.md).
+const OUTLIER_NORM_RATIO: f32 = 0.25;
+/// At most this many outlier channels per layer (the rest of the columns stay int8).
+const MAX_OUTLIERS: usize = 8;
+
+/// How a layer's weights are held.
+#[derive(Debug)]
+pub(crate) enum Linear {
+    Fp32 {
+        /// `n × k`, one row per output channel.
+        w: Vec<f32>,
+        n: usize,
+        k: usize,
+    },
+    Int8 {
+        packed: PackedWeights,
+        /// Input channels computed in f32, ascending.
+        outliers: Vec<usize>,
+        /// `n × outliers.len()`: their weights.
+        outlier_w: Vec<f32>,
+    },
+}
+
+/// Quantizes `x` to `out` (symmetric 8-bit); returns the dequantization scale.
+pub(crate) fn quantize_row(x: &[f32], out: &mut [i8]) -> f32 {
+    let max = x.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
+    if max == 0.0 || !max.is_finite() {
+        out.iter_mut().for_each(|o| *o = 0);
+        return if max == 0.0 { 0.0 } else { f32::NAN };
+    }
+    let inv = 127.0 / max;
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = round_even(v * inv).clamp(-127.0, 127.0) as i8;
+    }
+    max / 127.0
+}
+
+/// Input channels whose weight column norm is below [`OUTLIER_NORM_RATIO`] of the median
+/// (at most [`MAX_OUTLIERS`], the smallest first chosen), ascending.
+pub(crate) fn detect_outliers(w: &[f32], n: usize, k: usize) -> Vec<usize> {
+    let mut norms = vec![0.0f64; k];
+    for row in w.chunks_exact(k).take(n) {
+        for (s, &v) in norms.iter_mut().zip(row) {
+            *s += f64::from(v) * f64::from(v);
+        }
+    }
+    let mut sorted = norms.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted[k / 2];
+    let limit = median * f64::from(OUTLIER_NORM_RATIO * OUTLIER_NORM_RATIO);
+    let mut found: Vec<usize> = (0..k).filter(|&c| norms[c] < limit).collect();
+    found.sort_by(|&a, &b| norms[a].total_cmp(&norms[b]));
+    found.truncate(MAX_OUTLIERS);
+    found.sort_unstable();
+    found
+}
+
+impl Linear {
+    /// An fp32 layer from `n × k` weights.
+    pub(crate) fn fp32(w: Vec<f32>, n: usize, k: usize) -> Self {
+        Linear::Fp32 { w, n, k }
+    }
+
+    /// An int8 layer from `n × k` fp32 weights; `outliers` as [`detect_outliers`] gives.
+    pub(crate) fn int8(
+        kernel: Kernel,
+        mut w: Vec<f32>,
+        n: usize,
+        k: usize,
+        outliers: Vec<usize>,
+    ) -> Self {
+        let mut outlier_w = Vec::with_capacity(n * outliers.len());
+        for row in w.chunks_exact_mut(k) {
+            for &c in &outliers {
+                outlier_w.push(row[c]);
+                row[c] = 0.0;
+            }
+        }
+        let mut q = vec![0i8; n * k];
+        let scales = w
+            .chunks_exact(k)
+            .zip(q.chunks_exact_mut(k))
+            .map(|(row, out)| quantize_row(row, out))
+            .collect();
+        drop(w);
+        Linear::Int8 {
+            packed: PackedWeights::pack(kernel, &q, n, k, scales),
+            outliers,
+            outlier_w,
+        }
+    }
+
+    pub(crate) fn out_features(&self) -> usize {
+        match self {
+            Linear::Fp32 { n, .. } => *n,
+            Linear::Int8 { packed, .. } => packed.n,
+        }
+    }
+
+    fn in_features(&self) -> usize {
+        match self {
+            Linear::Fp32 { k, .. } => *k,
+            Linear::Int8 { packed, .. } => packed.k,
+        }
+    }
+
+    /// Bytes of weights held.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        match self {
+            Linear::Fp32 { w, .. } => 4 * w.len(),
+            Linear::Int8 {
+                packed, outlier_w, ..
+            } => packed.heap_bytes() + 4 * outlier_w.len(),
+        }
+    }
+
+    /// `out = x · Wᵀ` (or `out += x · Wᵀ` with `accumulate`) for `rows` rows of `x`.
+    pub(crate) fn forward(&self, x: &[f32], rows: usize, out: &mut [f32], accumulate: bool) {
+        let (n, k) = (self.out_features(), self.in_features());
+        assert!(
+            x.len() >= rows * k && out.len() >= rows * n,
+            "linear buffers too small"
+        );
+        if rows == 0 {
+            return;
+        }
+        match self {
+            Linear::Fp32 { w, .. } => fp32_gemm(x, w, rows, n, k, out, accumulate),
+            Linear::Int8 {
+                packed,
+                outliers,
+                outlier_w,
+            } => {
+                let mut qa = QuantRows::default();
+                qa.reset(rows, k);
+                let mut masked = vec![0.0f32; k];
+                for r in 0..rows {
+                    let row = &x[r * k..(r + 1) * k];
+                    let src = if outliers.is_empty() {
+                        row
+                    } else {
+                        masked.copy_from_slice(row);
+                        for &c in outliers {
+                            masked[c] = 0.0;
+                        }
+                        &masked
+                    };
+                    let q = qa.row_mut(r);
+                    let scale = quantize_row(src, &mut q[..k]);
+                    qa.sums[r] = q.iter().map(|&v| i32::from(v)).sum();
+                    qa.scales[r] = scale;
+                }
+                let np = packed.n_padded;
+                let mut c = vec![0i32; rows * np];
+                packed.gemm(&qa, &mut c);
+                let m = outliers.len();
+                for r in 0..rows {
+                    let (acc, sa) = (&c[r * np..r * np + n], qa.scales[r]);
+                    let xr = &x[r * k..(r + 1) * k];
+                    let o = &mut out[r * n..(r + 1) * n];
+                    for j in 0..n {
+                        let mut y = (acc[j] as f32) * sa * packed.scales[j];
+                        for (i, &ch) in outliers.iter().enumerate() {
+                            y += xr[ch] * outlier_w[j * m + i];
+                        }
+                        if accumulate {
+                            o[j] += y;
+                        } else {
+                            o[j] = y;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `out (+)= x · wᵀ` with the `gemm` crate on this thread.
+fn fp32_gemm(
+    x: &[f32],
+    w: &[f32],
+    m: usize,
+    n: usize,
+    k: usize,
+    out: &mut [f32],
+    accumulate: bool,
+) {
+    assert!(x.len() >= m * k && w.len() >= n * k && out.len() >= m * n);
+    // SAFETY: every pointer addresses a buffer at least as large as the strides reach
+    // (asserted above): dst m × n row-major (row stride n, column stride 1), lhs m × k
+    // row-major, rhs = wᵀ, k × n, read from w's n × k rows (row stride 1, column stride
+    // k). The buffers do not overlap (`out` is borrowed mutably).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            out.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            x.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantize_row_rounds_half_to_even_and_keeps_the_sign() {
+        let mut q = [0i8; 5];
+        let s = quantize_row(&[1.27, -1.27, 0.005, 0.015, 0.0], &mut q);
+        assert_eq!(q, [127, -127, 0, 2, 0]);
+        assert!((s - 0.01).abs() < 1e-9);
+        assert_eq!(quantize_row(&[0.0, 0.0], &mut q[..2]), 0.0);
+    }
+
+    #[test]
+    fn outliers_are_the_weakly_read_channels() {
+        // 8 input channels; channel 5 is read by weights 1/10 of the others.
+        let (n, k) = (16, 8);
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| {
+                let v = if i % 2 == 0 { 1.0 } else { -0.9 };
+                if i % k == 5 { v * 0.1 } else { v }
+            })
+            .collect();
+        assert_eq!(detect_outliers(&w, n, k), vec![5]);
+        let flat = vec![1.0f32; n * k];
+        assert!(detect_outliers(&flat, n, k).is_empty());
+    }
+
+    /// int8 with the outlier channel in f32 is close to fp32, much closer than without.
+    #[test]
+    fn decomposition_keeps_a_massive_channel_exact() {
+        let (n, k, rows) = (32, 64, 3);
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| {
+                let v = (((i * 7919) % 211) as f32 / 105.0 - 1.0) * 0.2;
+                if i % k == 7 { v * 0.05 } else { v }
+            })
+            .collect();
+        let x: Vec<f32> = (0..rows * k)
+            .map(|i| {
+                if i % k == 7 {
+                    40.0
+                } else {
+                    ((i * 31) % 17) as f32 / 8.0 - 1.0
+                }
+            })
+            .collect();
+        let mut exact = vec![0.0; rows * n];
+        Linear::fp32(w.clone(), n, k).forward(&x, rows, &mut exact, false);
+        let err = |outliers: Vec<usize>| {
+            let mut y = vec![0.0; rows * n];
+            Linear::int8(Kernel::Scalar, w.clone(), n, k, outliers)
+                .forward(&x, rows, &mut y, false);
+            y.iter()
+                .zip(&exact)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max)
+        };
+        let found = detect_outliers(&w, n, k);
+        assert_eq!(found, vec![7]);
+        let (with, without) = (err(found), err(vec![]));
+        assert!(with * 4.0 < without, "with {with}, without {without}");
+    }
+}

@@ -1,0 +1,207 @@
+//! The float steps around the GEMMs, in plain IEEE operations (no fused multiply-add, no
+//! platform math library), in a fixed summation order: the same input gives the same bits
+//! on every CPU this crate compiles for. `exp` and `erf` are written here for that reason.
+
+/// Partial sums kept in this many lanes: wide enough for the compiler to vectorize the
+/// loops without reassociating anything.
+const LANES: usize = 8;
+
+/// 1.5 · 2²³: adding and subtracting it rounds an f32 of magnitude < 2²² to the nearest
+/// integer, ties to even (the IEEE default), as NumPy's `rint` does.
+const ROUND_MAGIC: f32 = 12_582_912.0;
+
+/// Rounds to the nearest integer, ties to even, for |x| < 2²².
+#[inline]
+pub(crate) fn round_even(x: f32) -> f32 {
+    (x + ROUND_MAGIC) - ROUND_MAGIC
+}
+
+/// Σ xᵢ in [`LANES`] interleaved partial sums, then the lanes in order.
+#[inline]
+pub(crate) fn sum(x: &[f32]) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += v;
+        }
+    }
+    for (a, &v) in acc.iter_mut().zip(tail) {
+        *a += v;
+    }
+    acc.iter().fold(0.0, |s, &a| s + a)
+}
+
+/// Σ xᵢ·yᵢ in the order of [`sum`].
+#[inline]
+pub(crate) fn dot(x: &[f32], y: &[f32]) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let cx = x.chunks_exact(LANES);
+    let cy = y.chunks_exact(LANES);
+    let (tx, ty) = (cx.remainder(), cy.remainder());
+    for (a, b) in cx.zip(cy) {
+        for i in 0..LANES {
+            acc[i] += a[i] * b[i];
+        }
+    }
+    for ((a, &u), &v) in acc.iter_mut().zip(tx).zip(ty) {
+        *a += u * v;
+    }
+    acc.iter().fold(0.0, |s, &a| s + a)
+}
+
+/// `out += s · x`.
+#[inline]
+pub(crate) fn axpy(out: &mut [f32], s: f32, x: &[f32]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o += s * v;
+    }
+}
+
+/// LayerNorm without bias (ModernBERT's `nn.LayerNorm(bias=False)`): biased variance,
+/// `(x − mean) / sqrt(var + eps) · weight`, as torch computes it in f32.
+pub(crate) fn layer_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let n = x.len() as f32;
+    let mean = sum(x) / n;
+    let mut acc = [0.0f32; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            let d = v - mean;
+            *a += d * d;
+        }
+    }
+    for (a, &v) in acc.iter_mut().zip(tail) {
+        let d = v - mean;
+        *a += d * d;
+    }
+    let var = acc.iter().fold(0.0, |s, &a| s + a) / n;
+    let inv = 1.0 / (var + eps).sqrt();
+    for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
+        *o = (v - mean) * inv * w;
+    }
+}
+
+/// eˣ in f32 from IEEE operations only: x = n·ln 2 + r with |r| ≤ ln 2 / 2 (Cody–Waite,
+/// two-part ln 2), e^r by its Taylor polynomial to r⁷ (relative error < 2e-8 there), times
+/// 2ⁿ built from the exponent bits. Relative error about 1 ulp; inputs are clamped to
+/// [−87.3, 88.7] (below, the result stays e^−87.3 ≈ 1.2e-38: nothing here needs less).
+#[inline]
+pub(crate) fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    // ln 2 split so that n · LN2_HI is exact for |n| < 2⁹.
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    if x.is_nan() {
+        return x;
+    }
+    let x = x.clamp(-87.3, 88.7);
+    let n = round_even(x * LOG2E);
+    let r = (x - n * LN2_HI) - n * LN2_LO;
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0
+                    + r * (1.0 / 24.0
+                        + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
+    // n ∈ [−126, 128]; build 2ⁿ in two halves so that n = 128 does not overflow the bits.
+    let n = n as i32;
+    let half = n / 2;
+    let two_a = f32::from_bits(((half + 127) as u32) << 23);
+    let two_b = f32::from_bits(((n - half + 127) as u32) << 23);
+    p * two_a * two_b
+}
+
+/// erf(x): Abramowitz & Stegun 7.1.26 (|error| ≤ 1.5e-7) with this module's [`exp`].
+#[inline]
+pub(crate) fn erf(x: f32) -> f32 {
+    const P: f32 = 0.327_591_1;
+    const A1: f32 = 0.254_829_6;
+    const A2: f32 = -0.284_496_72;
+    const A3: f32 = 1.421_413_8;
+    const A4: f32 = -1.453_152_1;
+    const A5: f32 = 1.061_405_4;
+    let a = x.abs();
+    let t = 1.0 / (1.0 + P * a);
+    let poly = t * (A1 + t * (A2 + t * (A3 + t * (A4 + t * A5))));
+    let y = 1.0 - poly * exp(-(a * a));
+    if x < 0.0 { -y } else { y }
+}
+
+/// The exact (erf) GELU of transformers' `ACT2FN["gelu"]`: x · ½ · (1 + erf(x / √2)).
+#[inline]
+pub(crate) fn gelu(x: f32) -> f32 {
+    x * 0.5 * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_is_within_two_ulp_of_f64() {
+        let mut worst = 0.0f64;
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let want = (x as f64).exp();
+            let got = exp(x) as f64;
+            worst = worst.max(((got - want) / want).abs());
+            x += 0.001_37;
+        }
+        assert!(worst < 2.5e-7, "worst relative error {worst}");
+        assert_eq!(exp(0.0), 1.0);
+        assert_eq!(exp(-200.0), exp(-87.3));
+        assert!(exp(-200.0) < 1.3e-38);
+        assert!(exp(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn erf_and_gelu_match_f64() {
+        let mut worst = 0.0f64;
+        let mut x = -8.0f32;
+        while x < 8.0 {
+            let want = libm::erf(x as f64);
+            worst = worst.max((erf(x) as f64 - want).abs());
+            let g = 0.5 * (x as f64) * (1.0 + libm::erf(x as f64 / std::f64::consts::SQRT_2));
+            assert!(
+                (gelu(x) as f64 - g).abs() <= 2e-7 * (1.0 + (x as f64).abs()),
+                "gelu({x})"
+            );
+            x += 0.000_97;
+        }
+        // A&S bound 1.5e-7, plus the f32 rounding of `1 − poly · e^(−x²)` near |x| ≈ 0.5.
+        assert!(worst < 6e-7, "worst erf error {worst}");
+    }
+
+    #[test]
+    fn round_even_ties_to_even() {
+        for (x, want) in [
+            (0.5, 0.0),
+            (1.5, 2.0),
+            (2.5, 2.0),
+            (-0.5, -0.0),
+            (-1.5, -2.0),
+            (126.7, 127.0),
+        ] {
+            assert_eq!(round_even(x), want, "{x}");
+        }
+    }
+
+    #[test]
+    fn layer_norm_matches_f64() {
+        let x: Vec<f32> = (0..37)
+            .map(|i| ((i * 7919) % 101) as f32 / 13.0 - 3.0)
+            .collect();
+        let w: Vec<f32> = (0..37).map(|i| 1.0 + i as f32 / 100.0).collect();
+        let mut out = vec![0.0; 37];
+        layer_norm(&x, &w, 1e-5, &mut out);
+        let mean = x.iter().map(|&v| v as f64).sum::<f64>() / 37.0;
+        let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / 37.0;
+        for i in 0..37 {
+            let want = (x[i] as f64 - mean) / (var + 1e-5).sqrt() * w[i] as f64;
+            assert!((out[i] as f64 - want).abs() < 1e-5, "{i}");
+        }
+    }
+}

@@ -1,0 +1,415 @@
+//! ModernBERT's encoder on packed tokens: the texts of a batch are laid end to end (no
+//! padding reaches a linear layer), attention runs text by text, and mean pooling happens
+//! as the final norm is applied. Each step names the transformers behaviour it matches.
+
+use std::ops::Range;
+use std::sync::OnceLock;
+
+use ruri_core::config::AttentionKind;
+use ruri_core::{Error, ModelConfig, Result};
+
+use crate::Precision;
+use crate::kernels::Kernel;
+use crate::linear::{Linear, detect_outliers};
+use crate::math::{axpy, dot, exp, gelu, layer_norm};
+use crate::weights::Safetensors;
+
+/// Rows of the MLP processed together: their intermediate activations stay in cache.
+const MLP_CHUNK: usize = 64;
+/// Rotary tables are kept for positions below this; longer texts compute theirs per call.
+const ROPE_CACHED: usize = 1024;
+
+#[derive(Debug)]
+struct Layer {
+    /// Layer 0 has none (transformers' `nn.Identity`).
+    attn_norm: Option<Vec<f32>>,
+    wqkv: Linear,
+    wo: Linear,
+    mlp_norm: Vec<f32>,
+    wi: Linear,
+    mlp_wo: Linear,
+    kind: AttentionKind,
+}
+
+/// `cos` and `sin` of `position · inv_freq[j]` for one θ, `positions × head_dim / 2`.
+#[derive(Debug)]
+struct Rope {
+    inv_freq: Vec<f32>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl Rope {
+    fn new(theta: f64, head_dim: usize, cached: usize) -> Self {
+        let half = head_dim / 2;
+        // transformers' default rope: inv_freq = 1 / θ^(2i / d) (here in f64, then f32, as
+        // ruri-candle does: equal to torch's f32 table within its rounding), angles
+        // position · inv_freq in f32 as torch's f32 matmul does.
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| (1.0 / theta.powf((2 * i) as f64 / head_dim as f64)) as f32)
+            .collect();
+        let mut rope = Self {
+            inv_freq,
+            cos: Vec::with_capacity(cached * half),
+            sin: Vec::with_capacity(cached * half),
+        };
+        for p in 0..cached {
+            for j in 0..half {
+                let (s, c) = rope.angle(p, j);
+                rope.cos.push(c);
+                rope.sin.push(s);
+            }
+        }
+        rope
+    }
+
+    /// sin and cos of one angle, from libm (pure Rust: the same bits everywhere).
+    fn angle(&self, position: usize, j: usize) -> (f32, f32) {
+        let a = (position as f32 * self.inv_freq[j]) as f64;
+        (libm::sin(a) as f32, libm::cos(a) as f32)
+    }
+
+    /// Rotates one head vector in place (`x·cos + rotate_half(x)·sin`, the whole head).
+    fn apply(&self, x: &mut [f32], position: usize) {
+        let half = x.len() / 2;
+        let cached = position * half + half <= self.cos.len();
+        for j in 0..half {
+            let (s, c) = if cached {
+                (self.sin[position * half + j], self.cos[position * half + j])
+            } else {
+                self.angle(position, j)
+            };
+            let (a, b) = (x[j], x[j + half]);
+            x[j] = a * c + (-b) * s;
+            x[j + half] = b * c + a * s;
+        }
+    }
+}
+
+/// The token-embedding table, read row by row the first time each token appears: the rows
+/// a workload never uses cost no memory (102,400 × 256 f32 would be 105 MB).
+#[derive(Debug)]
+struct Embeddings {
+    rows: Vec<OnceLock<Box<[f32]>>>,
+}
+
+/// The whole encoder.
+#[derive(Debug)]
+pub(crate) struct Model {
+    config: ModelConfig,
+    weights: Safetensors,
+    embeddings: Embeddings,
+    emb_norm: Vec<f32>,
+    final_norm: Vec<f32>,
+    layers: Vec<Layer>,
+    rope_global: Rope,
+    rope_local: Rope,
+    eps: f32,
+    kernel: Option<Kernel>,
+}
+
+/// Tokens of the texts of one call, laid end to end.
+pub(crate) struct Packed<'a> {
+    pub(crate) ids: &'a [u32],
+    /// Each token's position in its text (its column in the padded batch).
+    pub(crate) positions: &'a [u32],
+    /// Text `t` is tokens `offsets[t]..offsets[t + 1]`.
+    pub(crate) offsets: &'a [usize],
+}
+
+impl Packed<'_> {
+    fn text(&self, t: usize) -> Range<usize> {
+        self.offsets[t]..self.offsets[t + 1]
+    }
+
+    fn texts(&self) -> usize {
+        self.offsets.len() - 1
+    }
+}
+
+impl Model {
+    /// Reads and prepares every weight of `weights` (checked against `config`).
+    pub(crate) fn load(
+        config: &ModelConfig,
+        weights: Safetensors,
+        precision: Precision,
+        kernel: Kernel,
+        outliers: bool,
+    ) -> Result<Self> {
+        let (h, i) = (config.hidden_size, config.intermediate_size);
+        let linear = |name: &str, n: usize, k: usize, outliers: bool| -> Result<Linear> {
+            let w = weights.read(name)?;
+            Ok(match precision {
+                Precision::Fp32 => Linear::fp32(w, n, k),
+                Precision::Int8 => {
+                    let found = if outliers {
+                        detect_outliers(&w, n, k)
+                    } else {
+                        Vec::new()
+                    };
+                    Linear::int8(kernel, w, n, k, found)
+                }
+            })
+        };
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for (n, &kind) in config.layer_types.iter().enumerate() {
+            let p = |t: &str| format!("layers.{n}.{t}");
+            layers.push(Layer {
+                attn_norm: if n == 0 {
+                    None
+                } else {
+                    Some(weights.read(&p("attn_norm.weight"))?)
+                },
+                // The norm-fed layers may read a massive-activation channel; the others read
+                // attention outputs and GeGLU products.
+                wqkv: linear(&p("attn.Wqkv.weight"), 3 * h, h, outliers)?,
+                wo: linear(&p("attn.Wo.weight"), h, h, false)?,
+                mlp_norm: weights.read(&p("mlp_norm.weight"))?,
+                wi: linear(&p("mlp.Wi.weight"), 2 * i, h, outliers)?,
+                mlp_wo: linear(&p("mlp.Wo.weight"), h, i, false)?,
+                kind,
+            });
+        }
+        let head_dim = config.head_dim();
+        let cached = config.max_position_embeddings.min(ROPE_CACHED);
+        Ok(Self {
+            embeddings: Embeddings {
+                rows: (0..config.vocab_size).map(|_| OnceLock::new()).collect(),
+            },
+            emb_norm: weights.read("embeddings.norm.weight")?,
+            final_norm: weights.read("final_norm.weight")?,
+            layers,
+            rope_global: Rope::new(config.global_rope_theta, head_dim, cached),
+            rope_local: Rope::new(config.local_rope_theta, head_dim, cached),
+            eps: config.norm_eps as f32,
+            kernel: (precision == Precision::Int8).then_some(kernel),
+            config: config.clone(),
+            weights,
+        })
+    }
+
+    pub(crate) fn hidden(&self) -> usize {
+        self.config.hidden_size
+    }
+
+    pub(crate) fn vocab(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    pub(crate) fn kernel(&self) -> Option<Kernel> {
+        self.kernel
+    }
+
+    pub(crate) fn max_positions(&self) -> usize {
+        self.config.max_position_embeddings
+    }
+
+    /// Bytes of prepared weights (not counting embedding rows read so far).
+    pub(crate) fn weight_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| {
+                l.wqkv.heap_bytes() + l.wo.heap_bytes() + l.wi.heap_bytes() + l.mlp_wo.heap_bytes()
+            })
+            .sum()
+    }
+
+    fn embedding(&self, id: u32) -> Result<&[f32]> {
+        let slot = &self.embeddings.rows[id as usize];
+        if let Some(row) = slot.get() {
+            return Ok(row);
+        }
+        let row = self
+            .weights
+            .read_rows("embeddings.tok_embeddings.weight", id as usize, 1)?;
+        // Another thread may have read it meanwhile: either copy is the same bytes.
+        Ok(slot.get_or_init(|| row.into_boxed_slice()))
+    }
+
+    /// Mean-pooled (not normalized) vectors of the packed texts into `out`
+    /// (`texts × hidden`). Ids and positions were checked by the caller.
+    pub(crate) fn embed(&self, packed: &Packed<'_>, out: &mut [f32]) -> Result<()> {
+        let h = self.hidden();
+        let tokens = packed.ids.len();
+        // transformers: tok_embeddings → LayerNorm (dropout off).
+        let mut x = vec![0.0f32; tokens * h];
+        for (row, &id) in x.chunks_exact_mut(h).zip(packed.ids) {
+            let e = self.embedding(id)?;
+            layer_norm(&e[..h], &self.emb_norm, self.eps, row);
+        }
+        let mut scratch = Scratch::new(tokens, &self.config);
+        for layer in &self.layers {
+            self.attention_block(layer, packed, &mut x, &mut scratch);
+            self.mlp_block(layer, &mut x, &mut scratch);
+        }
+        // final_norm, then sentence-transformers' mean Pooling: Σ h·mask / max(Σ mask, 1e-9).
+        let mut normed = vec![0.0f32; h];
+        for t in 0..packed.texts() {
+            let o = &mut out[t * h..(t + 1) * h];
+            o.iter_mut().for_each(|v| *v = 0.0);
+            let range = packed.text(t);
+            let count = range.len() as f32;
+            for r in range {
+                layer_norm(
+                    &x[r * h..(r + 1) * h],
+                    &self.final_norm,
+                    self.eps,
+                    &mut normed,
+                );
+                for (a, &v) in o.iter_mut().zip(&normed) {
+                    *a += v;
+                }
+            }
+            let count = count.max(1e-9);
+            o.iter_mut().for_each(|v| *v /= count);
+        }
+        Ok(())
+    }
+
+    /// `x += Wo(attention(Wqkv(attn_norm(x))))`.
+    fn attention_block(&self, layer: &Layer, packed: &Packed<'_>, x: &mut [f32], s: &mut Scratch) {
+        let h = self.hidden();
+        let tokens = packed.ids.len();
+        let input: &[f32] = match &layer.attn_norm {
+            Some(w) => {
+                for (o, row) in s.normed.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
+                    layer_norm(row, w, self.eps, o);
+                }
+                &s.normed
+            }
+            None => x,
+        };
+        layer.wqkv.forward(input, tokens, &mut s.qkv, false);
+        let rope = match layer.kind {
+            AttentionKind::Global => &self.rope_global,
+            AttentionKind::Local => &self.rope_local,
+        };
+        // transformers: `sliding_window = local_attention // 2`; a sliding layer lets query
+        // i see key j iff |i − j| ≤ sliding_window (positions, not packed indices).
+        let window = match layer.kind {
+            AttentionKind::Global => usize::MAX,
+            AttentionKind::Local => self.config.local_attention / 2,
+        };
+        let (heads, d) = (self.config.num_attention_heads, self.config.head_dim());
+        for t in 0..packed.texts() {
+            let range = packed.text(t);
+            let positions = &packed.positions[range.clone()];
+            let qkv = &mut s.qkv[range.start * 3 * h..range.end * 3 * h];
+            // Wqkv's output is viewed as (3, heads, head_dim): q, k, v, each head contiguous.
+            for (row, &p) in qkv.chunks_exact_mut(3 * h).zip(positions) {
+                for head in 0..2 * heads {
+                    rope.apply(&mut row[head * d..(head + 1) * d], p as usize);
+                }
+            }
+            let ctx = &mut s.ctx[range.start * h..range.end * h];
+            attend(qkv, positions, heads, d, window, &mut s.scores, ctx);
+        }
+        layer.wo.forward(&s.ctx, tokens, x, true);
+    }
+
+    /// `x += Wo(GeGLU(Wi(mlp_norm(x))))`, in chunks of rows.
+    fn mlp_block(&self, layer: &Layer, x: &mut [f32], s: &mut Scratch) {
+        let (h, i) = (self.hidden(), self.config.intermediate_size);
+        let tokens = x.len() / h;
+        for start in (0..tokens).step_by(MLP_CHUNK) {
+            let rows = (tokens - start).min(MLP_CHUNK);
+            let xs = &mut x[start * h..(start + rows) * h];
+            for (o, row) in s.normed.chunks_exact_mut(h).zip(xs.chunks_exact(h)) {
+                layer_norm(row, &layer.mlp_norm, self.eps, o);
+            }
+            layer.wi.forward(&s.normed, rows, &mut s.wi, false);
+            // ModernBertMLP: Wi's output chunked into (input, gate); GELU(input) · gate.
+            for (a, y) in s
+                .act
+                .chunks_exact_mut(i)
+                .zip(s.wi.chunks_exact(2 * i))
+                .take(rows)
+            {
+                let (input, gate) = y.split_at(i);
+                for ((o, &u), &g) in a.iter_mut().zip(input).zip(gate) {
+                    *o = gelu(u) * g;
+                }
+            }
+            layer.mlp_wo.forward(&s.act, rows, xs, true);
+        }
+    }
+}
+
+/// Per-call buffers, sized once.
+struct Scratch {
+    normed: Vec<f32>,
+    qkv: Vec<f32>,
+    ctx: Vec<f32>,
+    scores: Vec<f32>,
+    wi: Vec<f32>,
+    act: Vec<f32>,
+}
+
+impl Scratch {
+    fn new(tokens: usize, c: &ModelConfig) -> Self {
+        let h = c.hidden_size;
+        Self {
+            normed: vec![0.0; tokens.max(MLP_CHUNK) * h],
+            qkv: vec![0.0; tokens * 3 * h],
+            ctx: vec![0.0; tokens * h],
+            scores: Vec::new(),
+            wi: vec![0.0; MLP_CHUNK * 2 * c.intermediate_size],
+            act: vec![0.0; MLP_CHUNK * c.intermediate_size],
+        }
+    }
+}
+
+/// Eager attention of one text: softmax(q·kᵀ / √d) · v per head, keys limited to
+/// `|pᵢ − pⱼ| ≤ window`; scores and softmax in f32 (transformers upcasts there too).
+fn attend(
+    qkv: &[f32],
+    positions: &[u32],
+    heads: usize,
+    d: usize,
+    window: usize,
+    scores: &mut Vec<f32>,
+    ctx: &mut [f32],
+) {
+    let h = heads * d;
+    let len = positions.len();
+    // head_dim^-0.5 (a power of two for head_dim 16 and 64; applied to the scores).
+    let scale = 1.0 / (d as f32).sqrt();
+    scores.resize(len, 0.0);
+    for i in 0..len {
+        // Positions ascend within a text: the window is a contiguous range of keys.
+        let pi = positions[i] as usize;
+        let lo = positions.partition_point(|&p| pi.saturating_sub(p as usize) > window);
+        let hi = positions.partition_point(|&p| (p as usize) <= pi.saturating_add(window));
+        for head in 0..heads {
+            let q = &qkv[i * 3 * h + head * d..i * 3 * h + (head + 1) * d];
+            let mut max = f32::NEG_INFINITY;
+            for j in lo..hi {
+                let k = &qkv[j * 3 * h + h + head * d..j * 3 * h + h + (head + 1) * d];
+                let s = dot(q, k) * scale;
+                scores[j] = s;
+                max = max.max(s);
+            }
+            let mut total = 0.0f32;
+            for s in &mut scores[lo..hi] {
+                *s = exp(*s - max);
+                total += *s;
+            }
+            let out = &mut ctx[i * h + head * d..i * h + (head + 1) * d];
+            out.iter_mut().for_each(|v| *v = 0.0);
+            for j in lo..hi {
+                let v = &qkv[j * 3 * h + 2 * h + head * d..j * 3 * h + 2 * h + (head + 1) * d];
+                axpy(out, scores[j] / total, v);
+            }
+        }
+    }
+}
+
+/// The error for a token id outside the vocabulary.
+pub(crate) fn bad_id(id: i64) -> Error {
+    Error::InvalidOption {
+        name: "input_ids",
+        value: id.to_string(),
+        reason: "token id outside the model's vocabulary (tokenizer and model.safetensors \
+                 disagree)",
+    }
+}

@@ -1,0 +1,162 @@
+//! The native engine against Python on the committed tiny model (`testdata/reference/tiny.json`,
+//! made by `tools/testdata/generate.sh`; the planted outlier channel included): fp32 against
+//! sentence-transformers, int8 against sentence-transformers fp32 within the quantization
+//! error, and int8's promise: the same bits on every kernel, alone or in any batch, on any
+//! number of threads. Print the figures with `cargo test -p ruri-native --test parity --
+//! --nocapture`.
+
+use ruri_core::{BatchOptions, EmbedOptions, Embedder, Task, TextEmbedder};
+use ruri_native::{Kernel, Precision};
+use ruri_testkit::{Agreement, Item, Reference, tiny_model_dir};
+
+/// fp32 runs the same math as torch; only summation order differs.
+const FP32_MAX_ABS_DIFF: f64 = 1e-5;
+const FP32_MIN_COSINE: f64 = 0.99999;
+/// int8 against fp32 sentence-transformers, with the outlier channel in f32. Measured on the
+/// tiny model: see the printed figures (the bound leaves room only for other inputs).
+const INT8_MIN_COSINE: f64 = 0.998;
+const INT8_MIN_COSINE_WITHOUT_OUTLIER: f64 = 0.995;
+
+fn task_of(item: &Item) -> Task {
+    match item.prompt_name.as_str() {
+        "" => Task::None,
+        "query" => Task::Query,
+        "document" => Task::Document,
+        "topic" => Task::Topic,
+        other => Task::Named(other.to_owned()),
+    }
+}
+
+fn one_batch() -> BatchOptions {
+    BatchOptions::default()
+        .max_batch_tokens(usize::MAX / 2)
+        .max_batch_size(usize::MAX / 2)
+        .max_batch_attention(usize::MAX / 2)
+}
+
+fn embedder(precision: Precision, kernel: Option<Kernel>, threads: usize) -> TextEmbedder {
+    let mut b = ruri_native::builder()
+        .precision(precision)
+        .threads(threads)
+        .batching(one_batch());
+    if let Some(k) = kernel {
+        b = b.kernel(k);
+    }
+    b.build_from_dir(tiny_model_dir()).unwrap()
+}
+
+/// Each item alone, with its task.
+fn alone(e: &TextEmbedder, items: &[Item]) -> Vec<Vec<f32>> {
+    items
+        .iter()
+        .map(|item| {
+            let out = e
+                .embed_with(&[item.text.as_str()], &EmbedOptions::new(task_of(item)))
+                .unwrap();
+            out.get(0).unwrap().to_vec()
+        })
+        .collect()
+}
+
+/// All items in one padded batch (prompts written into the texts).
+fn batched(e: &TextEmbedder, items: &[Item]) -> Vec<Vec<f32>> {
+    let texts: Vec<String> = items
+        .iter()
+        .map(|i| format!("{}{}", i.prompt, i.text))
+        .collect();
+    let out = e
+        .embed_with(&texts, &EmbedOptions::new(Task::None))
+        .unwrap();
+    (0..texts.len())
+        .map(|i| out.get(i).unwrap().to_vec())
+        .collect()
+}
+
+fn agreement(reference: &Reference, got: &[Vec<f32>]) -> (Agreement, Agreement) {
+    let mut all = Agreement::new();
+    let mut without = Agreement::without_outlier(reference.outlier_channel);
+    for (item, v) in reference.items.iter().zip(got) {
+        all.add(v, &item.st_fp32.normalized);
+        without.add(v, &item.st_fp32.normalized);
+    }
+    (all, without)
+}
+
+#[test]
+fn fp32_matches_sentence_transformers_alone_and_batched() {
+    let reference = Reference::tiny();
+    for threads in [1, 2] {
+        let e = embedder(Precision::Fp32, None, threads);
+        for (how, got) in [
+            ("alone", alone(&e, &reference.items)),
+            ("batched", batched(&e, &reference.items)),
+        ] {
+            let (all, without) = agreement(&reference, &got);
+            println!("fp32 {how}, {threads} threads: {all:?}; without the outlier {without:?}");
+            assert!(all.max_abs_diff <= FP32_MAX_ABS_DIFF, "{how}: {all:?}");
+            assert!(all.min_cosine >= FP32_MIN_COSINE, "{how}: {all:?}");
+            assert!(without.min_cosine >= FP32_MIN_COSINE, "{how}: {without:?}");
+        }
+    }
+}
+
+#[test]
+fn int8_is_within_the_quantization_error_of_sentence_transformers() {
+    let reference = Reference::tiny();
+    let e = embedder(Precision::Int8, None, 1);
+    let (all, without) = agreement(&reference, &alone(&e, &reference.items));
+    println!("int8 alone: {all:?}; without the outlier {without:?}");
+    assert!(all.min_cosine >= INT8_MIN_COSINE, "{all:?}");
+    assert!(
+        without.min_cosine >= INT8_MIN_COSINE_WITHOUT_OUTLIER,
+        "{without:?}"
+    );
+}
+
+/// The decomposition earns its place: without it, int8 is measurably further from fp32.
+#[test]
+fn outlier_channels_in_f32_beat_plain_int8() {
+    let reference = Reference::tiny();
+    let plain = ruri_native::builder()
+        .precision(Precision::Int8)
+        .threads(1)
+        .outlier_channels(false)
+        .build_from_dir(tiny_model_dir())
+        .unwrap();
+    let with = embedder(Precision::Int8, None, 1);
+    let (_, plain) = agreement(&reference, &alone(&plain, &reference.items));
+    let (_, with) = agreement(&reference, &alone(&with, &reference.items));
+    println!("int8 without the outlier channel, plain {plain:?}; decomposed {with:?}");
+    assert!(
+        with.min_cosine > plain.min_cosine,
+        "plain {plain:?}, decomposed {with:?}"
+    );
+}
+
+/// Every kernel this CPU runs gives the scalar kernel's bits; so do batches and threads.
+#[test]
+fn int8_bits_are_the_same_on_every_kernel_batch_and_thread_count() {
+    let reference = Reference::tiny();
+    let scalar = embedder(Precision::Int8, Some(Kernel::Scalar), 1);
+    let expected = alone(&scalar, &reference.items);
+    assert_eq!(
+        batched(&scalar, &reference.items),
+        expected,
+        "scalar batched vs alone"
+    );
+    for kernel in Kernel::available() {
+        for threads in [1, 2, 3] {
+            let e = embedder(Precision::Int8, Some(kernel), threads);
+            assert_eq!(
+                alone(&e, &reference.items),
+                expected,
+                "{kernel}, {threads} threads, alone"
+            );
+            assert_eq!(
+                batched(&e, &reference.items),
+                expected,
+                "{kernel}, {threads} threads, batched"
+            );
+        }
+    }
+}
