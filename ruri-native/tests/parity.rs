@@ -160,3 +160,53 @@ fn int8_bits_are_the_same_on_every_kernel_batch_and_thread_count() {
         }
     }
 }
+
+/// `tools/testdata/int8_reference.py`'s vectors (NumPy, the same integer scheme written
+/// independently, exact erf), by item id: (raw mean, normalized).
+fn numpy_int8(file: &str) -> std::collections::HashMap<String, (Vec<f32>, Vec<f32>)> {
+    let path = ruri_testkit::testdata_dir().join("reference").join(file);
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let floats = |v: &serde_json::Value| -> Vec<f32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect()
+    };
+    json["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            (
+                i["id"].as_str().unwrap().to_owned(),
+                (floats(&i["mean"]), floats(&i["normalized"])),
+            )
+        })
+        .collect()
+}
+
+/// The engine's int8 against the NumPy implementation of its scheme, raw and normalized.
+/// Measured: see the printed figures; 1e-5 is the bound.
+#[test]
+fn int8_matches_the_numpy_reference() {
+    let reference = Reference::tiny();
+    let numpy = numpy_int8("tiny_native_int8.json");
+    let e = embedder(Precision::Int8, None, 1);
+    let (mut raw, mut normalized) = (Agreement::new(), Agreement::new());
+    for item in &reference.items {
+        let (mean, unit) = &numpy[&item.id];
+        let out = e
+            .embed_with(&[item.text.as_str()], &EmbedOptions::new(task_of(item)).normalize(false))
+            .unwrap();
+        raw.add(out.get(0).unwrap(), mean);
+        let out = e
+            .embed_with(&[item.text.as_str()], &EmbedOptions::new(task_of(item)))
+            .unwrap();
+        normalized.add(out.get(0).unwrap(), unit);
+    }
+    println!("int8 vs NumPy: raw {raw:?}; normalized {normalized:?}");
+    assert!(normalized.max_abs_diff <= 1e-5, "{normalized:?}");
+    assert!(raw.max_abs_diff <= 1e-5, "{raw:?}");
+}

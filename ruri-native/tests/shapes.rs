@@ -1,0 +1,78 @@
+//! The native engine at every real Ruri v3 shape (30m, 70m, 130m, 310m; `testdata/shapes/`,
+//! weights rebuilt from their PRNG recipe): fp32 against sentence-transformers within 1e-5, and
+//! int8 on the 30m shape against `tools/testdata/int8_reference.py` (NumPy, the same integer
+//! scheme and float order, written independently).
+
+use ruri_core::{EmbedOptions, Embedder, Task, TextEmbedder};
+use ruri_native::Precision;
+use ruri_testkit::Agreement;
+use ruri_testkit::shapes::{ShapeItem, ShapeSet};
+
+fn task_of(item: &ShapeItem) -> Task {
+    match item.prompt_name.as_str() {
+        "" => Task::None,
+        "query" => Task::Query,
+        "document" => Task::Document,
+        "topic" => Task::Topic,
+        other => Task::Named(other.to_owned()),
+    }
+}
+
+fn embed(e: &TextEmbedder, item: &ShapeItem, normalize: bool) -> Vec<f32> {
+    e.embed_with(
+        &[item.text.as_str()],
+        &EmbedOptions::new(task_of(item)).normalize(normalize),
+    )
+    .unwrap()
+    .get(0)
+    .unwrap()
+    .to_vec()
+}
+
+#[test]
+fn fp32_matches_sentence_transformers_at_every_shape() {
+    let set = ShapeSet::committed();
+    for size in ["30m", "70m", "130m", "310m"] {
+        let reference = set.reference(size);
+        let dir = set.materialize(size);
+        let e = ruri_native::builder()
+            .precision(Precision::Fp32)
+            .build_from_dir(dir.path())
+            .unwrap();
+        let mut agreement = Agreement::new();
+        for item in &reference.items {
+            agreement.add(&embed(&e, item, true), &item.st_fp32.normalized);
+        }
+        println!("{size} fp32: {agreement:?}");
+        assert!(agreement.max_abs_diff <= 1e-5, "{size}: {agreement:?}");
+        assert!(agreement.min_cosine >= 0.99999, "{size}: {agreement:?}");
+    }
+}
+
+#[test]
+fn int8_matches_the_numpy_reference_at_the_30m_shape() {
+    let set = ShapeSet::committed();
+    let reference = set.reference("30m");
+    let path = ruri_testkit::testdata_dir().join("reference/shapes/30m_native_int8.json");
+    let numpy: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let dir = set.materialize("30m");
+    let e = ruri_native::builder()
+        .precision(Precision::Int8)
+        .build_from_dir(dir.path())
+        .unwrap();
+    let (mut raw, mut st) = (Agreement::new(), Agreement::new());
+    for (item, expected) in reference.items.iter().zip(numpy["items"].as_array().unwrap()) {
+        assert_eq!(expected["id"], item.id.as_str());
+        let mean: Vec<f32> = expected["mean"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap() as f32)
+            .collect();
+        raw.add(&embed(&e, item, false), &mean);
+        st.add(&embed(&e, item, true), &item.st_fp32.normalized);
+    }
+    println!("30m int8 vs NumPy (raw): {raw:?}; vs sentence-transformers fp32: {st:?}");
+    assert!(raw.max_abs_diff <= 1e-5, "{raw:?}");
+    assert!(st.min_cosine >= 0.995, "{st:?}");
+}

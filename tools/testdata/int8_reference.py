@@ -1,0 +1,275 @@
+#!/usr/bin/env python3
+"""An independent NumPy implementation of ruri-native's int8 scheme (ruri-native/src/linear.rs),
+written from its description, not from the Rust code's output, to check the engine against.
+
+The scheme:
+  * weights: per output channel, symmetric 8-bit: s_w = max|w| / 127, q_w = rint(w * (127 / max|w|));
+  * activations: per token row, the same formula;
+  * y = (f32(sum q_x * q_w) * s_x) * s_w, the sum exact (int64 here);
+  * "outlier" input channels of the norm-fed layers (Wqkv, Wi): a column whose squared norm
+    is below 0.25^2 of the median squared column norm (at most 8, the smallest), left out of the
+    int8 product (zeroed in x and w) and added in float32: y += x_c * w_c, channel by channel.
+  * GELU's erf: Abramowitz & Stegun 7.1.26 in float32 (|error| <= 1.5e-7), as the engine computes
+    it. It is part of the scheme because int8 amplifies any difference before a quantizer: a
+    1e-7 change of one activation can move a row's rounding by one step. `--exact-erf` uses
+    math.erf instead, to measure what the approximation itself changes.
+  * the float steps in the engine's order, for the same reason: sums over a row (LayerNorm's
+    mean and variance, q.k) in 8 interleaved partial sums added left to right; softmax and
+    attention-weighted values summed key by key; e^x by the engine's formula (x = n ln 2 + r,
+    Taylor to r^7, times 2^n).
+Everything else is ModernBERT in float32 as transformers computes it.
+
+    .venv-testdata/bin/python tools/testdata/int8_reference.py \\
+        --model testdata/tiny --tokens testdata/reference/tiny.json \\
+        --out testdata/reference/tiny_native_int8.json
+    .venv-testdata/bin/python tools/testdata/int8_reference.py \\
+        --shape 30m --tokens testdata/reference/shapes/30m.json \\
+        --out testdata/reference/shapes/30m_native_int8.json
+
+--shape rebuilds the weights of testdata/shapes/<size>/ from their recipe (tools/testdata/shapes.py).
+Token ids come from the reference file (what sentence-transformers fed the model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import numpy as np
+
+F = np.float32
+OUTLIER_NORM_RATIO = 0.25
+MAX_OUTLIERS = 8
+
+
+def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of x (float32) to int8 values and their float32 scales."""
+    x = x.astype(F)
+    m = np.max(np.abs(x), axis=1)
+    safe = np.where(m == 0, F(1), m).astype(F)
+    inv = (F(127) / safe).astype(F)
+    q = np.clip(np.rint((x * inv[:, None]).astype(F)), -127, 127).astype(np.int64)
+    q[m == 0] = 0
+    scale = np.where(m == 0, F(0), (m / F(127)).astype(F)).astype(F)
+    return q, scale
+
+
+def detect_outliers(w: np.ndarray) -> list[int]:
+    norms = np.sum(w.astype(np.float64) ** 2, axis=0)
+    median = np.sort(norms)[w.shape[1] // 2]
+    limit = median * float(F(OUTLIER_NORM_RATIO) * F(OUTLIER_NORM_RATIO))
+    found = [c for c in range(w.shape[1]) if norms[c] < limit]
+    found.sort(key=lambda c: norms[c])
+    return sorted(found[:MAX_OUTLIERS])
+
+
+class Int8Linear:
+    def __init__(self, w: np.ndarray, outliers: bool):
+        w = w.astype(F).copy()
+        self.outliers = detect_outliers(w) if outliers else []
+        self.outlier_w = w[:, self.outliers].copy()
+        w[:, self.outliers] = 0
+        self.q, self.scale = quantize_rows(w)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        xm = x.astype(F).copy()
+        xm[:, self.outliers] = 0
+        qa, sa = quantize_rows(xm)
+        acc = qa @ self.q.T
+        y = (acc.astype(F) * sa[:, None]).astype(F) * self.scale[None, :]
+        y = y.astype(F)
+        for i, c in enumerate(self.outliers):
+            y = (y + x[:, c:c + 1].astype(F) * self.outlier_w[None, :, i]).astype(F)
+        return y
+
+
+LANES = 8
+
+
+def lane_sum(x: np.ndarray) -> np.ndarray:
+    """Sum over the last axis in LANES interleaved partial sums, then the lanes in order."""
+    x = x.astype(F)
+    n = x.shape[-1]
+    acc = np.zeros(x.shape[:-1] + (LANES,), dtype=F)
+    full = n // LANES * LANES
+    for c in range(0, full, LANES):
+        acc = (acc + x[..., c:c + LANES]).astype(F)
+    tail = n - full
+    if tail:
+        acc[..., :tail] = (acc[..., :tail] + x[..., full:]).astype(F)
+    total = np.zeros(x.shape[:-1], dtype=F)
+    for lane in range(LANES):
+        total = (total + acc[..., lane]).astype(F)
+    return total
+
+
+def exp_engine(x: np.ndarray) -> np.ndarray:
+    """e^x as the engine computes it (ruri-native/src/math.rs documents the formula)."""
+    x = np.clip(x.astype(F), F(-87.3), F(88.7))
+    n = np.rint((x * F(math.log2(math.e))).astype(F)).astype(F)
+    r = ((x - n * F(0.69314575)).astype(F) - n * F(1.4286068e-6)).astype(F)
+    p = F(1.0 / 5040.0)
+    for c in (1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0):
+        p = (F(c) + r * p).astype(F)
+    ni = n.astype(np.int32)
+    half = np.where(ni < 0, -((-ni) // 2), ni // 2).astype(np.int32)
+    two_a = ((half + 127).astype(np.uint32) << 23).view(F)
+    two_b = ((ni - half + 127).astype(np.uint32) << 23).view(F)
+    return ((p * two_a).astype(F) * two_b).astype(F)
+
+
+def layer_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    x = x.astype(F)
+    mean = (lane_sum(x) / F(x.shape[1])).astype(F)
+    d = (x - mean[:, None]).astype(F)
+    var = (lane_sum((d * d).astype(F)) / F(x.shape[1])).astype(F)
+    inv = (F(1) / np.sqrt((var + F(eps)).astype(F))).astype(F)
+    return ((d * inv[:, None]).astype(F) * w[None, :].astype(F)).astype(F)
+
+
+_exact_erf = np.vectorize(math.erf, otypes=[np.float64])
+EXACT_ERF = False
+
+
+def erf_as(x: np.ndarray) -> np.ndarray:
+    """Abramowitz & Stegun 7.1.26, in float32."""
+    x = x.astype(F)
+    a = np.abs(x)
+    t = (F(1) / (F(1) + F(0.3275911) * a)).astype(F)
+    poly = (t * (F(0.2548296) + t * (F(-0.28449672) + t * (F(1.4214138)
+            + t * (F(-1.4531521) + t * F(1.0614054)))))).astype(F)
+    y = (F(1) - poly * exp_engine(-(a * a))).astype(F)
+    return np.where(x < 0, -y, y).astype(F)
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    u = (x * F(1 / math.sqrt(2.0))).astype(F)
+    e = _exact_erf(u.astype(np.float64)).astype(F) if EXACT_ERF else erf_as(u)
+    return (x * F(0.5) * (F(1) + e)).astype(F)
+
+
+def rope(x: np.ndarray, theta: float, positions: np.ndarray) -> np.ndarray:
+    """x: (tokens, heads, d); rotate_half convention on the whole head."""
+    d = x.shape[-1]
+    inv_freq = np.array([1.0 / theta ** ((2 * i) / d) for i in range(d // 2)]).astype(F)
+    angles = (positions.astype(F)[:, None] * inv_freq[None, :]).astype(F)
+    cos = np.cos(angles.astype(np.float64)).astype(F)
+    sin = np.sin(angles.astype(np.float64)).astype(F)
+    cos = np.concatenate([cos, cos], axis=1)[:, None, :]
+    sin = np.concatenate([sin, sin], axis=1)[:, None, :]
+    half = d // 2
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return (x * cos + rotated * sin).astype(F)
+
+
+def embed(ids: list[int], w: dict, cfg: dict, layers: list[dict]) -> np.ndarray:
+    h = cfg["hidden_size"]
+    heads = cfg["num_attention_heads"]
+    d = h // heads
+    eps = cfg.get("norm_eps", cfg.get("layer_norm_eps", 1e-5))
+    every = cfg.get("global_attn_every_n_layers", 3)
+    window = cfg.get("local_attention", 128) // 2
+    theta_g = cfg.get("global_rope_theta", 160000.0)
+    theta_l = cfg.get("local_rope_theta", 10000.0)
+    n = len(ids)
+    pos = np.arange(n)
+    x = layer_norm(w["embeddings.tok_embeddings.weight"][ids], w["embeddings.norm.weight"], eps)
+    for li, L in enumerate(layers):
+        is_global = li % every == 0
+        normed = x if li == 0 else layer_norm(x, w[f"layers.{li}.attn_norm.weight"], eps)
+        qkv = L["wqkv"](normed).reshape(n, 3, heads, d)
+        theta = theta_g if is_global else theta_l
+        q = rope(qkv[:, 0], theta, pos)
+        k = rope(qkv[:, 1], theta, pos)
+        v = qkv[:, 2].astype(F)
+        ctx = np.zeros((n, heads, d), dtype=F)
+        scale = (F(1) / np.sqrt(F(d))).astype(F)
+        far = np.abs(pos[:, None] - pos[None, :]) > window
+        for head in range(heads):
+            # q.k for every (query, key) pair, each summed in lanes.
+            s = (lane_sum((q[:, None, head, :] * k[None, :, head, :]).astype(F)) * scale).astype(F)
+            if not is_global:
+                s = np.where(far, F(-np.inf), s).astype(F)
+            m = s.max(axis=1, keepdims=True)
+            e = exp_engine((s - m).astype(F))
+            if not is_global:
+                e = np.where(far, F(0), e).astype(F)
+            total = np.zeros(n, dtype=F)
+            for j in range(n):
+                total = (total + e[:, j]).astype(F)
+            out = np.zeros((n, d), dtype=F)
+            for j in range(n):
+                out = (out + (e[:, j] / total)[:, None] * v[None, j, head]).astype(F)
+            ctx[:, head] = out
+        x = (x + L["wo"](ctx.reshape(n, h))).astype(F)
+        y = L["wi"](layer_norm(x, w[f"layers.{li}.mlp_norm.weight"], eps))
+        i = cfg["intermediate_size"]
+        act = (gelu(y[:, :i]) * y[:, i:]).astype(F)
+        x = (x + L["mlp_wo"](act)).astype(F)
+    x = layer_norm(x, w["final_norm.weight"], eps)
+    pooled = np.zeros(h, dtype=F)
+    for row in x:
+        pooled = (pooled + row).astype(F)
+    return (pooled / F(max(n, 1e-9))).astype(F)
+
+
+def load_weights(args) -> tuple[dict, dict]:
+    if args.model:
+        from safetensors.numpy import load_file
+        cfg = json.loads((Path(args.model) / "config.json").read_text())
+        w = load_file(str(Path(args.model) / "model.safetensors"))
+        w = {k.removeprefix("model."): v.astype(F) for k, v in w.items()}
+        return cfg, w
+    sys.path.insert(0, str(Path(__file__).parent))
+    import shapes  # noqa: E402  (the recipe's PRNG)
+    recipe = Path("testdata/shapes") / args.shape
+    cfg = json.loads((recipe / "config.json").read_text())
+    w = {s["name"]: shapes.make_tensor(s["init"], s["shape"], s["stream"]).astype(F)
+         for s in shapes.tensor_specs(cfg)}
+    return cfg, w
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="a folder with config.json and model.safetensors")
+    src.add_argument("--shape", help="a recipe of testdata/shapes/ (30m, 70m, 130m, 310m)")
+    ap.add_argument("--tokens", required=True, help="a reference JSON whose items have token_ids")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--exact-erf", action="store_true", help="math.erf in GELU (see above)")
+    args = ap.parse_args()
+    global EXACT_ERF
+    EXACT_ERF = args.exact_erf
+
+    cfg, w = load_weights(args)
+    layers = []
+    for li in range(cfg["num_hidden_layers"]):
+        p = f"layers.{li}."
+        layers.append(dict(
+            wqkv=Int8Linear(w[p + "attn.Wqkv.weight"], outliers=True),
+            wo=Int8Linear(w[p + "attn.Wo.weight"], outliers=False),
+            wi=Int8Linear(w[p + "mlp.Wi.weight"], outliers=True),
+            mlp_wo=Int8Linear(w[p + "mlp.Wo.weight"], outliers=False),
+        ))
+    items = json.loads(Path(args.tokens).read_text())["items"]
+    out_items = []
+    for item in items:
+        mean = embed(item["token_ids"], w, cfg, layers)
+        norm = (mean.astype(np.float64) / max(np.linalg.norm(mean.astype(np.float64)), 1e-12)).astype(F)
+        out_items.append(dict(id=item["id"], token_ids=item["token_ids"],
+                              mean=[float(v) for v in mean], normalized=[float(v) for v in norm]))
+        print(f"  {item['id']}: {len(item['token_ids'])} tokens", file=sys.stderr)
+    generator = dict(command="tools/testdata/int8_reference.py " + " ".join(sys.argv[1:]),
+                     erf="math.erf" if EXACT_ERF else "Abramowitz-Stegun 7.1.26, float32",
+                     versions=dict(numpy=version("numpy"), python=sys.version.split()[0]))
+    outliers = {f"layers.{i}.{k}": L[k].outliers for i, L in enumerate(layers) for k in ("wqkv", "wi")}
+    Path(args.out).write_text(json.dumps(dict(generator=generator, outliers=outliers,
+                                              items=out_items), ensure_ascii=False) + "\n")
+
+
+if __name__ == "__main__":
+    main()
