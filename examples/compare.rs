@@ -35,7 +35,8 @@ struct Args {
     /// Comma-separated systems: ort_fp32, ort_int8, ort_fp32_x2, ort_int8_x2 (the folder's
     /// ONNX files; _x2: two single-threaded sessions), fused_fp32, fused_int8, fused_fp32_x2,
     /// fused_int8_x2 (ruri's fused graph from model.safetensors), fused_int8_pertensor
-    /// (fused, int8 activations per tensor), candle_f32, candle_bf16.
+    /// (fused, int8 activations per tensor), native_int8, native_fp32 (ruri's own engine, one
+    /// worker per core), native_int8_t1, native_fp32_t1 (one thread), candle_f32, candle_bf16.
     #[arg(long, default_value = "ort_int8,ort_fp32")]
     systems: String,
     /// Timed passes over the documents (the median is reported).
@@ -155,6 +156,18 @@ fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn E
             .map(|e| Box::new(e) as Box<dyn Embedder>)
             .map_err(describe)
     };
+    let native = |precision: ruri::native::Precision, threads: Option<usize>| {
+        let mut builder = ruri::native::builder()
+            .precision(precision)
+            .batching(batching);
+        if let Some(t) = threads.or(args.threads) {
+            builder = builder.threads(t);
+        }
+        builder
+            .build_from_dir(model)
+            .map(|e| Box::new(e) as Box<dyn Embedder>)
+            .map_err(describe)
+    };
     match system {
         "ort_fp32" => ort(Graph::OnnxFile, Precision::Fp32, 1),
         "ort_int8" => ort(Graph::OnnxFile, Precision::Int8, 1),
@@ -167,6 +180,10 @@ fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn E
         "fused_int8_pertensor" => {
             ort_with(Graph::Fused, Precision::Int8, 1, Int8Activations::PerTensor)
         }
+        "native_int8" => native(ruri::native::Precision::Int8, None),
+        "native_fp32" => native(ruri::native::Precision::Fp32, None),
+        "native_int8_t1" => native(ruri::native::Precision::Int8, Some(1)),
+        "native_fp32_t1" => native(ruri::native::Precision::Fp32, Some(1)),
         "candle_f32" => candle(DType::F32),
         "candle_bf16" => candle(DType::BF16),
         other => Err(format!("unknown system {other:?}")),

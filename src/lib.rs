@@ -31,6 +31,8 @@
 //! * `hub` (default): [`hub`], and the backends' `build_from_hub(id)` and `build(source)`
 //!   (a folder or a model id): downloads into the Hugging Face Hub's standard cache, shared
 //!   with Python's `huggingface_hub` (see [`ruri_core::hub`]).
+//! * `native` (default): ruri's own pure-Rust engine, [`ruri_native`], as [`native`]: fp32,
+//!   and int8 with exact integer kernels that give the same vector on every CPU.
 //! * `cuda`: CUDA devices for the candle backend (needs the CUDA toolkit to build).
 
 #![deny(missing_docs)]
@@ -45,6 +47,10 @@ pub use ruri_ort as ort;
 /// The candle backend.
 #[cfg(feature = "candle")]
 pub use ruri_candle as candle;
+
+/// ruri's own pure-Rust engine.
+#[cfg(feature = "native")]
+pub use ruri_native as native;
 
 /// Models by id from the Hugging Face Hub and its standard cache ([`ruri_core::hub`]).
 #[cfg(feature = "hub")]

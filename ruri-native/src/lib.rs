@@ -60,6 +60,7 @@
 #![deny(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod attention;
 #[cfg(feature = "hub")]
 mod hub;
 mod kernels;
@@ -69,6 +70,45 @@ mod model;
 mod weights;
 
 pub use kernels::Kernel;
+
+/// The int8 GEMM alone, for the kernel benchmarks (`benches/kernels.rs`); not a stable API.
+#[doc(hidden)]
+pub mod bench {
+    use crate::kernels::{Kernel, PackedWeights, QuantRows};
+
+    /// An `n × k` weight matrix packed for a kernel, and `m` activation rows for it.
+    pub struct Gemm {
+        weights: PackedWeights,
+        a: QuantRows,
+        c: Vec<i32>,
+    }
+
+    impl Gemm {
+        /// Deterministic pseudo-random operands of the given shape.
+        pub fn new(kernel: Kernel, m: usize, n: usize, k: usize) -> Self {
+            let byte = |i: usize| ((i.wrapping_mul(2_654_435_761) >> 7) % 255) as i32 - 127;
+            let w: Vec<i8> = (0..n * k).map(|i| byte(i) as i8).collect();
+            let weights = PackedWeights::pack(kernel, &w, n, k, vec![1.0; n]);
+            let mut a = QuantRows::default();
+            a.reset(m, k);
+            for r in 0..m {
+                let row = a.row_mut(r);
+                for (j, v) in row[..k].iter_mut().enumerate() {
+                    *v = byte(r * 7919 + j) as i8;
+                }
+                a.sums[r] = row.iter().map(|&v| i32::from(v)).sum();
+            }
+            let c = vec![0; m * weights.n_padded];
+            Self { weights, a, c }
+        }
+
+        /// One multiplication; returns a checksum so that it cannot be optimized away.
+        pub fn run(&mut self) -> i64 {
+            self.weights.gemm(&self.a, &mut self.c);
+            self.c.iter().step_by(61).map(|&v| i64::from(v)).sum()
+        }
+    }
+}
 
 use std::path::{Path, PathBuf};
 
@@ -339,7 +379,7 @@ impl Backend for NativeBackend {
                                 offsets: &local,
                             };
                             // The receiver outlives the scope: sending cannot fail.
-                            let _ = tx.send(self.model.embed(&packed, chunk));
+                            let _ = tx.send(self.model.embed(&packed, chunk, None));
                         });
                     }
                     drop(tx);
@@ -353,7 +393,7 @@ impl Backend for NativeBackend {
                     positions: &positions,
                     offsets: &offsets,
                 };
-                self.model.embed(&packed, &mut out)?;
+                self.model.embed(&packed, &mut out, self.pool.as_ref())?;
             }
         }
         let pooled = Array2::from_shape_vec((rows, h), out).map_err(|e| Error::ModelOutput {

@@ -20,6 +20,11 @@ const OUTLIER_NORM_RATIO: f32 = 0.25;
 /// At most this many outlier channels per layer (the rest of the columns stay int8).
 const MAX_OUTLIERS: usize = 8;
 
+/// Below this many rows a layer runs on one thread: splitting costs more than it saves.
+const PARALLEL_MIN_ROWS: usize = 12;
+/// Rows are split in multiples of the microkernels' tile height.
+const ROW_GRAIN: usize = 6;
+
 /// How a layer's weights are held.
 #[derive(Debug)]
 pub(crate) enum Linear {
@@ -128,6 +133,33 @@ impl Linear {
             Linear::Int8 {
                 packed, outlier_w, ..
             } => packed.heap_bytes() + 4 * outlier_w.len(),
+        }
+    }
+
+    /// [`Linear::forward`], with the rows split among the workers of `pool` (each row's
+    /// result is the same however the rows are split).
+    pub(crate) fn forward_on(
+        &self,
+        pool: Option<&rayon::ThreadPool>,
+        x: &[f32],
+        rows: usize,
+        out: &mut [f32],
+        accumulate: bool,
+    ) {
+        let (n, k) = (self.out_features(), self.in_features());
+        let workers = pool.map_or(1, |p| p.current_num_threads());
+        match pool {
+            Some(pool) if workers > 1 && rows >= PARALLEL_MIN_ROWS => {
+                let per = rows.div_ceil(workers).div_ceil(ROW_GRAIN) * ROW_GRAIN;
+                pool.scope(|s| {
+                    for (i, o) in out[..rows * n].chunks_mut(per * n).enumerate() {
+                        let part = o.len() / n;
+                        let xs = &x[i * per * k..(i * per + part) * k];
+                        s.spawn(move |_| self.forward(xs, part, o, accumulate));
+                    }
+                });
+            }
+            _ => self.forward(x, rows, out, accumulate),
         }
     }
 

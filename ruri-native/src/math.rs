@@ -33,32 +33,6 @@ pub(crate) fn sum(x: &[f32]) -> f32 {
     acc.iter().fold(0.0, |s, &a| s + a)
 }
 
-/// Σ xᵢ·yᵢ in the order of [`sum`].
-#[inline]
-pub(crate) fn dot(x: &[f32], y: &[f32]) -> f32 {
-    let mut acc = [0.0f32; LANES];
-    let cx = x.chunks_exact(LANES);
-    let cy = y.chunks_exact(LANES);
-    let (tx, ty) = (cx.remainder(), cy.remainder());
-    for (a, b) in cx.zip(cy) {
-        for i in 0..LANES {
-            acc[i] += a[i] * b[i];
-        }
-    }
-    for ((a, &u), &v) in acc.iter_mut().zip(tx).zip(ty) {
-        *a += u * v;
-    }
-    acc.iter().fold(0.0, |s, &a| s + a)
-}
-
-/// `out += s · x`.
-#[inline]
-pub(crate) fn axpy(out: &mut [f32], s: f32, x: &[f32]) {
-    for (o, &v) in out.iter_mut().zip(x) {
-        *o += s * v;
-    }
-}
-
 /// LayerNorm without bias (ModernBERT's `nn.LayerNorm(bias=False)`): biased variance,
 /// `(x − mean) / sqrt(var + eps) · weight`, as torch computes it in f32.
 pub(crate) fn layer_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {

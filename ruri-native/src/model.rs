@@ -9,9 +9,10 @@ use ruri_core::config::AttentionKind;
 use ruri_core::{Error, ModelConfig, Result};
 
 use crate::Precision;
+use crate::attention::{AttentionScratch, Head, QUERY_BLOCK, attend_head};
 use crate::kernels::Kernel;
 use crate::linear::{Linear, detect_outliers};
-use crate::math::{axpy, dot, exp, gelu, layer_norm};
+use crate::math::{gelu, layer_norm};
 use crate::weights::Safetensors;
 
 /// Rows of the MLP processed together: their intermediate activations stay in cache.
@@ -228,7 +229,14 @@ impl Model {
 
     /// Mean-pooled (not normalized) vectors of the packed texts into `out`
     /// (`texts × hidden`). Ids and positions were checked by the caller.
-    pub(crate) fn embed(&self, packed: &Packed<'_>, out: &mut [f32]) -> Result<()> {
+    /// `pool`, when given, splits each layer's rows (and attention's heads) among its
+    /// workers: for calls with fewer texts than workers.
+    pub(crate) fn embed(
+        &self,
+        packed: &Packed<'_>,
+        out: &mut [f32],
+        pool: Option<&rayon::ThreadPool>,
+    ) -> Result<()> {
         let h = self.hidden();
         let tokens = packed.ids.len();
         // transformers: tok_embeddings → LayerNorm (dropout off).
@@ -239,8 +247,8 @@ impl Model {
         }
         let mut scratch = Scratch::new(tokens, &self.config);
         for layer in &self.layers {
-            self.attention_block(layer, packed, &mut x, &mut scratch);
-            self.mlp_block(layer, &mut x, &mut scratch);
+            self.attention_block(layer, packed, &mut x, &mut scratch, pool);
+            self.mlp_block(layer, &mut x, &mut scratch, pool);
         }
         // final_norm, then sentence-transformers' mean Pooling: Σ h·mask / max(Σ mask, 1e-9).
         let mut normed = vec![0.0f32; h];
@@ -267,7 +275,14 @@ impl Model {
     }
 
     /// `x += Wo(attention(Wqkv(attn_norm(x))))`.
-    fn attention_block(&self, layer: &Layer, packed: &Packed<'_>, x: &mut [f32], s: &mut Scratch) {
+    fn attention_block(
+        &self,
+        layer: &Layer,
+        packed: &Packed<'_>,
+        x: &mut [f32],
+        s: &mut Scratch,
+        pool: Option<&rayon::ThreadPool>,
+    ) {
         let h = self.hidden();
         let tokens = packed.ids.len();
         let input: &[f32] = match &layer.attn_norm {
@@ -279,7 +294,9 @@ impl Model {
             }
             None => x,
         };
-        layer.wqkv.forward(input, tokens, &mut s.qkv, false);
+        layer
+            .wqkv
+            .forward_on(pool, input, tokens, &mut s.qkv, false);
         let rope = match layer.kind {
             AttentionKind::Global => &self.rope_global,
             AttentionKind::Local => &self.rope_local,
@@ -302,13 +319,19 @@ impl Model {
                 }
             }
             let ctx = &mut s.ctx[range.start * h..range.end * h];
-            attend(qkv, positions, heads, d, window, &mut s.scores, ctx);
+            attend(qkv, positions, heads, d, window, ctx, pool);
         }
-        layer.wo.forward(&s.ctx, tokens, x, true);
+        layer.wo.forward_on(pool, &s.ctx, tokens, x, true);
     }
 
     /// `x += Wo(GeGLU(Wi(mlp_norm(x))))`, in chunks of rows.
-    fn mlp_block(&self, layer: &Layer, x: &mut [f32], s: &mut Scratch) {
+    fn mlp_block(
+        &self,
+        layer: &Layer,
+        x: &mut [f32],
+        s: &mut Scratch,
+        pool: Option<&rayon::ThreadPool>,
+    ) {
         let (h, i) = (self.hidden(), self.config.intermediate_size);
         let tokens = x.len() / h;
         for start in (0..tokens).step_by(MLP_CHUNK) {
@@ -317,7 +340,7 @@ impl Model {
             for (o, row) in s.normed.chunks_exact_mut(h).zip(xs.chunks_exact(h)) {
                 layer_norm(row, &layer.mlp_norm, self.eps, o);
             }
-            layer.wi.forward(&s.normed, rows, &mut s.wi, false);
+            layer.wi.forward_on(pool, &s.normed, rows, &mut s.wi, false);
             // ModernBertMLP: Wi's output chunked into (input, gate); GELU(input) · gate.
             for (a, y) in s
                 .act
@@ -330,7 +353,7 @@ impl Model {
                     *o = gelu(u) * g;
                 }
             }
-            layer.mlp_wo.forward(&s.act, rows, xs, true);
+            layer.mlp_wo.forward_on(pool, &s.act, rows, xs, true);
         }
     }
 }
@@ -340,7 +363,6 @@ struct Scratch {
     normed: Vec<f32>,
     qkv: Vec<f32>,
     ctx: Vec<f32>,
-    scores: Vec<f32>,
     wi: Vec<f32>,
     act: Vec<f32>,
 }
@@ -352,54 +374,65 @@ impl Scratch {
             normed: vec![0.0; tokens.max(MLP_CHUNK) * h],
             qkv: vec![0.0; tokens * 3 * h],
             ctx: vec![0.0; tokens * h],
-            scores: Vec::new(),
             wi: vec![0.0; MLP_CHUNK * 2 * c.intermediate_size],
             act: vec![0.0; MLP_CHUNK * c.intermediate_size],
         }
     }
 }
 
-/// Eager attention of one text: softmax(q·kᵀ / √d) · v per head, keys limited to
-/// `|pᵢ − pⱼ| ≤ window`; scores and softmax in f32 (transformers upcasts there too).
+/// Attention of one text (`qkv`: its rows of Wqkv's output, rotated) into `ctx` (its rows),
+/// head by head, the heads spread over `pool`'s workers when given.
+#[allow(clippy::too_many_arguments)]
 fn attend(
     qkv: &[f32],
     positions: &[u32],
     heads: usize,
     d: usize,
     window: usize,
-    scores: &mut Vec<f32>,
     ctx: &mut [f32],
+    pool: Option<&rayon::ThreadPool>,
 ) {
     let h = heads * d;
     let len = positions.len();
-    // head_dim^-0.5 (a power of two for head_dim 16 and 64; applied to the scores).
+    // head_dim^-0.5 (a power of two for head_dim 16 and 64: exact).
     let scale = 1.0 / (d as f32).sqrt();
-    scores.resize(len, 0.0);
-    for i in 0..len {
-        // Positions ascend within a text: the window is a contiguous range of keys.
-        let pi = positions[i] as usize;
-        let lo = positions.partition_point(|&p| pi.saturating_sub(p as usize) > window);
-        let hi = positions.partition_point(|&p| (p as usize) <= pi.saturating_add(window));
-        for head in 0..heads {
-            let q = &qkv[i * 3 * h + head * d..i * 3 * h + (head + 1) * d];
-            let mut max = f32::NEG_INFINITY;
-            for j in lo..hi {
-                let k = &qkv[j * 3 * h + h + head * d..j * 3 * h + h + (head + 1) * d];
-                let s = dot(q, k) * scale;
-                scores[j] = s;
-                max = max.max(s);
+    let one = |head: usize| -> Vec<f32> {
+        // Wqkv's output is viewed as (3, heads, head_dim): q, k, v, each head contiguous.
+        let part = |which: usize| -> Vec<f32> {
+            let mut m = Vec::with_capacity(len * d);
+            for row in qkv.chunks_exact(3 * h) {
+                m.extend_from_slice(&row[which * h + head * d..which * h + (head + 1) * d]);
             }
-            let mut total = 0.0f32;
-            for s in &mut scores[lo..hi] {
-                *s = exp(*s - max);
-                total += *s;
-            }
-            let out = &mut ctx[i * h + head * d..i * h + (head + 1) * d];
-            out.iter_mut().for_each(|v| *v = 0.0);
-            for j in lo..hi {
-                let v = &qkv[j * 3 * h + 2 * h + head * d..j * 3 * h + 2 * h + (head + 1) * d];
-                axpy(out, scores[j] / total, v);
-            }
+            m
+        };
+        let (q, k, v) = (part(0), part(1), part(2));
+        let mut out = vec![0.0f32; len * d];
+        let mut scratch = AttentionScratch::default();
+        let head = Head {
+            q: &q,
+            k: &k,
+            v: &v,
+            d,
+        };
+        attend_head(&head, positions, window, scale, &mut scratch, &mut out);
+        out
+    };
+    let outs: Vec<Vec<f32>> = match pool {
+        Some(pool) if heads > 1 && len >= 2 * QUERY_BLOCK => {
+            let mut outs: Vec<Vec<f32>> = vec![Vec::new(); heads];
+            pool.scope(|s| {
+                for (head, slot) in outs.iter_mut().enumerate() {
+                    let one = &one;
+                    s.spawn(move |_| *slot = one(head));
+                }
+            });
+            outs
+        }
+        _ => (0..heads).map(one).collect(),
+    };
+    for (head, out) in outs.iter().enumerate() {
+        for (row, o) in ctx.chunks_exact_mut(h).zip(out.chunks_exact(d)) {
+            row[head * d..(head + 1) * d].copy_from_slice(o);
         }
     }
 }

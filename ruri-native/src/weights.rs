@@ -45,7 +45,7 @@ struct Entry {
 #[derive(Debug)]
 pub(crate) enum Source {
     File(File),
-    /// The WebAssembly build's source (weights passed in as bytes); tests use it too.
+    /// The WebAssembly build's source (weights passed in as bytes); tests use it now.
     #[cfg_attr(not(test), allow(dead_code))]
     Bytes(Arc<[u8]>),
 }
@@ -338,6 +338,45 @@ mod tests {
     ) -> std::result::Result<Option<Entry>, String> {
         let value: serde_json::Value = serde_json::from_str(json).unwrap();
         parse_entry("t", &value, data_start, file_len)
+    }
+
+    fn file(header: &str, data: usize) -> Arc<[u8]> {
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.resize(bytes.len() + data, 0);
+        bytes.into()
+    }
+
+    fn open(bytes: Arc<[u8]>) -> Result<Safetensors> {
+        let config = ModelConfig::from_json_str(
+            r#"{"hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+                "intermediate_size": 16, "vocab_size": 10}"#,
+            "config.json",
+        )
+        .unwrap();
+        Safetensors::from_bytes("model.safetensors".into(), bytes, &config)
+    }
+
+    /// Whole files with broken headers: each a typed error naming the problem.
+    #[test]
+    fn broken_files_are_typed_errors() {
+        let reason = |bytes: Arc<[u8]>| match open(bytes) {
+            Err(Error::InvalidConfig { reason, .. }) => reason,
+            other => panic!("expected InvalidConfig, got {other:?}"),
+        };
+        assert!(reason(Arc::from(&[1u8, 2][..])).contains("shorter than"));
+        // A header length past the end of the file, and one that overflows with its prefix.
+        let mut huge = u64::MAX.to_le_bytes().to_vec();
+        huge.extend_from_slice(b"{}");
+        assert!(reason(huge.into()).contains("header of"));
+        assert!(reason(file("{nope", 0)).contains("not JSON"));
+        assert!(reason(file("{}", 0)).contains("not a ModernBERT checkpoint"));
+        let only_embeddings = r#"{"embeddings.tok_embeddings.weight":{"dtype":"F32","shape":[10,8],"data_offsets":[0,320]}}"#;
+        assert!(reason(file(only_embeddings, 320)).contains("embeddings.norm.weight is missing"));
+        let wrong_shape = r#"{"model.embeddings.tok_embeddings.weight":{"dtype":"F32","shape":[10,4],"data_offsets":[0,160]}}"#;
+        assert!(reason(file(wrong_shape, 160)).contains("has shape [10, 4]"));
+        // The data of a tensor past the end of the bytes.
+        assert!(reason(file(only_embeddings, 100)).contains("does not fit"));
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! number of threads. Print the figures with `cargo test -p ruri-native --test parity --
 //! --nocapture`.
 
-use ruri_core::{BatchOptions, EmbedOptions, Embedder, Task, TextEmbedder};
+use ruri_core::{BatchOptions, EmbedOptions, Task, TextEmbedder};
 use ruri_native::{Kernel, Precision};
 use ruri_testkit::{Agreement, Item, Reference, tiny_model_dir};
 
@@ -165,8 +165,7 @@ fn int8_bits_are_the_same_on_every_kernel_batch_and_thread_count() {
 /// independently, exact erf), by item id: (raw mean, normalized).
 fn numpy_int8(file: &str) -> std::collections::HashMap<String, (Vec<f32>, Vec<f32>)> {
     let path = ruri_testkit::testdata_dir().join("reference").join(file);
-    let json: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     let floats = |v: &serde_json::Value| -> Vec<f32> {
         v.as_array()
             .unwrap()
@@ -198,7 +197,10 @@ fn int8_matches_the_numpy_reference() {
     for item in &reference.items {
         let (mean, unit) = &numpy[&item.id];
         let out = e
-            .embed_with(&[item.text.as_str()], &EmbedOptions::new(task_of(item)).normalize(false))
+            .embed_with(
+                &[item.text.as_str()],
+                &EmbedOptions::new(task_of(item)).normalize(false),
+            )
             .unwrap();
         raw.add(out.get(0).unwrap(), mean);
         let out = e

@@ -3,7 +3,7 @@
 //! int8 on the 30m shape against `tools/testdata/int8_reference.py` (NumPy, the same integer
 //! scheme and float order, written independently).
 
-use ruri_core::{EmbedOptions, Embedder, Task, TextEmbedder};
+use ruri_core::{EmbedOptions, Task, TextEmbedder};
 use ruri_native::Precision;
 use ruri_testkit::Agreement;
 use ruri_testkit::shapes::{ShapeItem, ShapeSet};
@@ -61,7 +61,11 @@ fn int8_matches_the_numpy_reference_at_the_30m_shape() {
         .build_from_dir(dir.path())
         .unwrap();
     let (mut raw, mut st) = (Agreement::new(), Agreement::new());
-    for (item, expected) in reference.items.iter().zip(numpy["items"].as_array().unwrap()) {
+    for (item, expected) in reference
+        .items
+        .iter()
+        .zip(numpy["items"].as_array().unwrap())
+    {
         assert_eq!(expected["id"], item.id.as_str());
         let mean: Vec<f32> = expected["mean"]
             .as_array()

@@ -13,10 +13,10 @@ The scheme:
     it. It is part of the scheme because int8 amplifies any difference before a quantizer: a
     1e-7 change of one activation can move a row's rounding by one step. `--exact-erf` uses
     math.erf instead, to measure what the approximation itself changes.
-  * the float steps in the engine's order, for the same reason: sums over a row (LayerNorm's
-    mean and variance, q.k) in 8 interleaved partial sums added left to right; softmax and
-    attention-weighted values summed key by key; e^x by the engine's formula (x = n ln 2 + r,
-    Taylor to r^7, times 2^n).
+  * the float steps in the engine's order, for the same reason: LayerNorm's mean and variance
+    and the softmax total (over the query's own keys) in 8 interleaved partial sums added
+    left to right; q.k summed channel after channel; attention-weighted values key after key;
+    e^x by the engine's formula (x = n ln 2 + r, Taylor to r^7, times 2^n).
 Everything else is ModernBERT in float32 as transformers computes it.
 
     .venv-testdata/bin/python tools/testdata/int8_reference.py \\
@@ -190,20 +190,19 @@ def embed(ids: list[int], w: dict, cfg: dict, layers: list[dict]) -> np.ndarray:
         scale = (F(1) / np.sqrt(F(d))).astype(F)
         far = np.abs(pos[:, None] - pos[None, :]) > window
         for head in range(heads):
-            # q.k for every (query, key) pair, each summed in lanes.
-            s = (lane_sum((q[:, None, head, :] * k[None, :, head, :]).astype(F)) * scale).astype(F)
-            if not is_global:
-                s = np.where(far, F(-np.inf), s).astype(F)
-            m = s.max(axis=1, keepdims=True)
-            e = exp_engine((s - m).astype(F))
-            if not is_global:
-                e = np.where(far, F(0), e).astype(F)
-            total = np.zeros(n, dtype=F)
-            for j in range(n):
-                total = (total + e[:, j]).astype(F)
+            # q.k summed over the head's channels one after another.
+            s = np.zeros((n, n), dtype=F)
+            for c in range(d):
+                s = (s + q[:, None, head, c] * k[None, :, head, c]).astype(F)
+            s = (s * scale).astype(F)
+            p = np.zeros((n, n), dtype=F)
+            for i in range(n):
+                own = np.flatnonzero(~far[i]) if not is_global else np.arange(n)
+                e = exp_engine((s[i, own] - s[i, own].max()).astype(F))
+                p[i, own] = (e / lane_sum(e)).astype(F)
             out = np.zeros((n, d), dtype=F)
             for j in range(n):
-                out = (out + (e[:, j] / total)[:, None] * v[None, j, head]).astype(F)
+                out = (out + p[:, j, None] * v[None, j, head]).astype(F)
             ctx[:, head] = out
         x = (x + L["wo"](ctx.reshape(n, h))).astype(F)
         y = L["wi"](layer_norm(x, w[f"layers.{li}.mlp_norm.weight"], eps))

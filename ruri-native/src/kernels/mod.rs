@@ -13,6 +13,7 @@
 //! Weights are packed once per kernel at load ([`PackedWeights`]); activations are rows of
 //! [`QuantRows`], K padded with zeros to a multiple of 4.
 
+pub(crate) mod simd_f32;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
