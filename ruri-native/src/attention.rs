@@ -24,11 +24,15 @@ pub(crate) struct Head<'a> {
     pub(crate) d: usize,
 }
 
-/// Per-call scratch of [`attend_head`].
-#[derive(Default)]
+/// Buffers of [`attend_head`] and its caller, kept between heads and layers.
+#[derive(Debug, Default)]
 pub(crate) struct AttentionScratch {
     kt: Vec<f32>,
     scores: Vec<f32>,
+    /// The caller's copies of one head's q, k and v.
+    pub(crate) parts: Vec<f32>,
+    /// The caller's output of one head.
+    pub(crate) out: Vec<f32>,
 }
 
 /// Attention of one head over `positions` (ascending), into `out` (`len × d`).

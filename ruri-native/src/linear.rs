@@ -38,21 +38,27 @@ pub(crate) enum Linear {
         packed: PackedWeights,
         /// Input channels computed in f32, ascending.
         outliers: Vec<usize>,
-        /// `n × outliers.len()`: their weights.
+        /// `outliers.len() × n`: their weights, one row per outlier channel.
         outlier_w: Vec<f32>,
     },
 }
 
 /// Quantizes `x` to `out` (symmetric 8-bit); returns the dequantization scale.
 pub(crate) fn quantize_row(x: &[f32], out: &mut [i8]) -> f32 {
-    let max = x.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
+    // max |x| on the bit patterns: for non-negative floats their order is the integers'
+    // (and an integer max vectorizes; a NaN, above infinity, gives a NaN scale).
+    let max = f32::from_bits(
+        x.iter()
+            .fold(0u32, |m, &v| m.max(v.to_bits() & 0x7fff_ffff)),
+    );
     if max == 0.0 || !max.is_finite() {
         out.iter_mut().for_each(|o| *o = 0);
         return if max == 0.0 { 0.0 } else { f32::NAN };
     }
     let inv = 127.0 / max;
     for (o, &v) in out.iter_mut().zip(x) {
-        *o = round_even(v * inv).clamp(-127.0, 127.0) as i8;
+        // |v · inv| ≤ 127 up to rounding; the clamp keeps the cast exact.
+        *o = round_even(v * inv).clamp(-127.0, 127.0) as i32 as i8;
     }
     max / 127.0
 }
@@ -91,10 +97,10 @@ impl Linear {
         k: usize,
         outliers: Vec<usize>,
     ) -> Self {
-        let mut outlier_w = Vec::with_capacity(n * outliers.len());
-        for row in w.chunks_exact_mut(k) {
-            for &c in &outliers {
-                outlier_w.push(row[c]);
+        let mut outlier_w = vec![0.0f32; outliers.len() * n];
+        for (j, row) in w.chunks_exact_mut(k).enumerate() {
+            for (i, &c) in outliers.iter().enumerate() {
+                outlier_w[i * n + j] = row[c];
                 row[c] = 0.0;
             }
         }
@@ -145,6 +151,7 @@ impl Linear {
         rows: usize,
         out: &mut [f32],
         accumulate: bool,
+        scratch: &mut LinearScratch,
     ) {
         let (n, k) = (self.out_features(), self.in_features());
         let workers = pool.map_or(1, |p| p.current_num_threads());
@@ -155,16 +162,25 @@ impl Linear {
                     for (i, o) in out[..rows * n].chunks_mut(per * n).enumerate() {
                         let part = o.len() / n;
                         let xs = &x[i * per * k..(i * per + part) * k];
-                        s.spawn(move |_| self.forward(xs, part, o, accumulate));
+                        s.spawn(move |_| {
+                            self.forward(xs, part, o, accumulate, &mut LinearScratch::default())
+                        });
                     }
                 });
             }
-            _ => self.forward(x, rows, out, accumulate),
+            _ => self.forward(x, rows, out, accumulate, scratch),
         }
     }
 
     /// `out = x · Wᵀ` (or `out += x · Wᵀ` with `accumulate`) for `rows` rows of `x`.
-    pub(crate) fn forward(&self, x: &[f32], rows: usize, out: &mut [f32], accumulate: bool) {
+    pub(crate) fn forward(
+        &self,
+        x: &[f32],
+        rows: usize,
+        out: &mut [f32],
+        accumulate: bool,
+        scratch: &mut LinearScratch,
+    ) {
         let (n, k) = (self.out_features(), self.in_features());
         assert!(
             x.len() >= rows * k && out.len() >= rows * n,
@@ -180,19 +196,19 @@ impl Linear {
                 outliers,
                 outlier_w,
             } => {
-                let mut qa = QuantRows::default();
+                let LinearScratch { qa, c, masked } = scratch;
                 qa.reset(rows, k);
-                let mut masked = vec![0.0f32; k];
+                masked.resize(k, 0.0);
                 for r in 0..rows {
                     let row = &x[r * k..(r + 1) * k];
                     let src = if outliers.is_empty() {
                         row
                     } else {
                         masked.copy_from_slice(row);
-                        for &c in outliers {
-                            masked[c] = 0.0;
+                        for &ch in outliers {
+                            masked[ch] = 0.0;
                         }
-                        &masked
+                        &masked[..]
                     };
                     let q = qa.row_mut(r);
                     let scale = quantize_row(src, &mut q[..k]);
@@ -200,26 +216,85 @@ impl Linear {
                     qa.scales[r] = scale;
                 }
                 let np = packed.n_padded;
-                let mut c = vec![0i32; rows * np];
-                packed.gemm(&qa, &mut c);
-                let m = outliers.len();
+                c.clear();
+                c.resize(rows * np, 0);
+                packed.gemm(qa, c);
                 for r in 0..rows {
                     let (acc, sa) = (&c[r * np..r * np + n], qa.scales[r]);
                     let xr = &x[r * k..(r + 1) * k];
                     let o = &mut out[r * n..(r + 1) * n];
-                    for j in 0..n {
-                        let mut y = (acc[j] as f32) * sa * packed.scales[j];
-                        for (i, &ch) in outliers.iter().enumerate() {
-                            y += xr[ch] * outlier_w[j * m + i];
-                        }
-                        if accumulate {
-                            o[j] += y;
-                        } else {
-                            o[j] = y;
-                        }
-                    }
+                    dequantize(
+                        acc,
+                        sa,
+                        &packed.scales,
+                        xr,
+                        outliers,
+                        outlier_w,
+                        o,
+                        accumulate,
+                    );
                 }
             }
+        }
+    }
+}
+
+/// Buffers of one [`Linear::forward`] call, kept between calls.
+#[derive(Debug, Default)]
+pub(crate) struct LinearScratch {
+    qa: QuantRows,
+    c: Vec<i32>,
+    masked: Vec<f32>,
+}
+
+/// One output row: `y = (f32(acc) · s_x) · s_w`, then `y += x_c · w_c` for each outlier
+/// channel in order, stored or added to `out` (one pass per step, each vectorizable).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn dequantize(
+    acc: &[i32],
+    sa: f32,
+    sw: &[f32],
+    x: &[f32],
+    outliers: &[usize],
+    outlier_w: &[f32],
+    out: &mut [f32],
+    accumulate: bool,
+) {
+    let n = out.len();
+    if outliers.is_empty() {
+        if accumulate {
+            for ((o, &a), &s) in out.iter_mut().zip(acc).zip(sw) {
+                *o += (a as f32) * sa * s;
+            }
+        } else {
+            for ((o, &a), &s) in out.iter_mut().zip(acc).zip(sw) {
+                *o = (a as f32) * sa * s;
+            }
+        }
+        return;
+    }
+    // With outliers the row is built in `out` first when storing, or in a copy when adding
+    // (the outlier terms join y before y joins the residual).
+    let mut tmp = Vec::new();
+    let target: &mut [f32] = if accumulate {
+        tmp.resize(n, 0.0);
+        &mut tmp
+    } else {
+        out
+    };
+    for ((t, &a), &s) in target.iter_mut().zip(acc).zip(sw) {
+        *t = (a as f32) * sa * s;
+    }
+    for (i, &ch) in outliers.iter().enumerate() {
+        let xc = x[ch];
+        for (t, &w) in target.iter_mut().zip(&outlier_w[i * n..(i + 1) * n]) {
+            *t += xc * w;
+        }
+    }
+    if accumulate {
+        for (o, &t) in out.iter_mut().zip(&tmp) {
+            *o += t;
         }
     }
 }
@@ -312,11 +387,22 @@ mod tests {
             })
             .collect();
         let mut exact = vec![0.0; rows * n];
-        Linear::fp32(w.clone(), n, k).forward(&x, rows, &mut exact, false);
+        Linear::fp32(w.clone(), n, k).forward(
+            &x,
+            rows,
+            &mut exact,
+            false,
+            &mut LinearScratch::default(),
+        );
         let err = |outliers: Vec<usize>| {
             let mut y = vec![0.0; rows * n];
-            Linear::int8(Kernel::Scalar, w.clone(), n, k, outliers)
-                .forward(&x, rows, &mut y, false);
+            Linear::int8(Kernel::Scalar, w.clone(), n, k, outliers).forward(
+                &x,
+                rows,
+                &mut y,
+                false,
+                &mut LinearScratch::default(),
+            );
             y.iter()
                 .zip(&exact)
                 .map(|(a, b)| (a - b).abs())

@@ -11,8 +11,9 @@ use ruri_core::{Error, ModelConfig, Result};
 use crate::Precision;
 use crate::attention::{AttentionScratch, Head, QUERY_BLOCK, attend_head};
 use crate::kernels::Kernel;
-use crate::linear::{Linear, detect_outliers};
-use crate::math::{gelu, layer_norm};
+use crate::kernels::simd_f32;
+use crate::linear::{Linear, LinearScratch, detect_outliers};
+use crate::math::layer_norm;
 use crate::weights::Safetensors;
 
 /// Rows of the MLP processed together: their intermediate activations stay in cache.
@@ -296,7 +297,7 @@ impl Model {
         };
         layer
             .wqkv
-            .forward_on(pool, input, tokens, &mut s.qkv, false);
+            .forward_on(pool, input, tokens, &mut s.qkv, false, &mut s.linear);
         let rope = match layer.kind {
             AttentionKind::Global => &self.rope_global,
             AttentionKind::Local => &self.rope_local,
@@ -319,9 +320,20 @@ impl Model {
                 }
             }
             let ctx = &mut s.ctx[range.start * h..range.end * h];
-            attend(qkv, positions, heads, d, window, ctx, pool);
+            attend(
+                qkv,
+                positions,
+                heads,
+                d,
+                window,
+                ctx,
+                pool,
+                &mut s.attention,
+            );
         }
-        layer.wo.forward_on(pool, &s.ctx, tokens, x, true);
+        layer
+            .wo
+            .forward_on(pool, &s.ctx, tokens, x, true, &mut s.linear);
     }
 
     /// `x += Wo(GeGLU(Wi(mlp_norm(x))))`, in chunks of rows.
@@ -340,7 +352,9 @@ impl Model {
             for (o, row) in s.normed.chunks_exact_mut(h).zip(xs.chunks_exact(h)) {
                 layer_norm(row, &layer.mlp_norm, self.eps, o);
             }
-            layer.wi.forward_on(pool, &s.normed, rows, &mut s.wi, false);
+            layer
+                .wi
+                .forward_on(pool, &s.normed, rows, &mut s.wi, false, &mut s.linear);
             // ModernBertMLP: Wi's output chunked into (input, gate); GELU(input) · gate.
             for (a, y) in s
                 .act
@@ -349,11 +363,11 @@ impl Model {
                 .take(rows)
             {
                 let (input, gate) = y.split_at(i);
-                for ((o, &u), &g) in a.iter_mut().zip(input).zip(gate) {
-                    *o = gelu(u) * g;
-                }
+                simd_f32::geglu(input, gate, a);
             }
-            layer.mlp_wo.forward_on(pool, &s.act, rows, xs, true);
+            layer
+                .mlp_wo
+                .forward_on(pool, &s.act, rows, xs, true, &mut s.linear);
         }
     }
 }
@@ -365,6 +379,8 @@ struct Scratch {
     ctx: Vec<f32>,
     wi: Vec<f32>,
     act: Vec<f32>,
+    linear: LinearScratch,
+    attention: AttentionScratch,
 }
 
 impl Scratch {
@@ -376,6 +392,8 @@ impl Scratch {
             ctx: vec![0.0; tokens * h],
             wi: vec![0.0; MLP_CHUNK * 2 * c.intermediate_size],
             act: vec![0.0; MLP_CHUNK * c.intermediate_size],
+            linear: LinearScratch::default(),
+            attention: AttentionScratch::default(),
         }
     }
 }
@@ -391,48 +409,53 @@ fn attend(
     window: usize,
     ctx: &mut [f32],
     pool: Option<&rayon::ThreadPool>,
+    scratch: &mut AttentionScratch,
 ) {
     let h = heads * d;
     let len = positions.len();
     // head_dim^-0.5 (a power of two for head_dim 16 and 64: exact).
     let scale = 1.0 / (d as f32).sqrt();
-    let one = |head: usize| -> Vec<f32> {
-        // Wqkv's output is viewed as (3, heads, head_dim): q, k, v, each head contiguous.
-        let part = |which: usize| -> Vec<f32> {
-            let mut m = Vec::with_capacity(len * d);
-            for row in qkv.chunks_exact(3 * h) {
-                m.extend_from_slice(&row[which * h + head * d..which * h + (head + 1) * d]);
+    // Wqkv's output is viewed as (3, heads, head_dim): q, k, v, each head contiguous.
+    let one = |head: usize, scratch: &mut AttentionScratch, out: &mut Vec<f32>| {
+        let mut parts = std::mem::take(&mut scratch.parts);
+        parts.resize(3 * len * d, 0.0);
+        for (j, row) in qkv.chunks_exact(3 * h).enumerate() {
+            for which in 0..3 {
+                parts[(which * len + j) * d..(which * len + j + 1) * d]
+                    .copy_from_slice(&row[which * h + head * d..which * h + (head + 1) * d]);
             }
-            m
-        };
-        let (q, k, v) = (part(0), part(1), part(2));
-        let mut out = vec![0.0f32; len * d];
-        let mut scratch = AttentionScratch::default();
-        let head = Head {
-            q: &q,
-            k: &k,
-            v: &v,
-            d,
-        };
-        attend_head(&head, positions, window, scale, &mut scratch, &mut out);
-        out
+        }
+        out.resize(len * d, 0.0);
+        let (q, rest) = parts.split_at(len * d);
+        let (k, v) = rest.split_at(len * d);
+        attend_head(&Head { q, k, v, d }, positions, window, scale, scratch, out);
+        scratch.parts = parts;
     };
-    let outs: Vec<Vec<f32>> = match pool {
+    let scatter = |head: usize, out: &[f32], ctx: &mut [f32]| {
+        for (row, o) in ctx.chunks_exact_mut(h).zip(out.chunks_exact(d)) {
+            row[head * d..(head + 1) * d].copy_from_slice(o);
+        }
+    };
+    match pool {
         Some(pool) if heads > 1 && len >= 2 * QUERY_BLOCK => {
             let mut outs: Vec<Vec<f32>> = vec![Vec::new(); heads];
             pool.scope(|s| {
-                for (head, slot) in outs.iter_mut().enumerate() {
+                for (head, out) in outs.iter_mut().enumerate() {
                     let one = &one;
-                    s.spawn(move |_| *slot = one(head));
+                    s.spawn(move |_| one(head, &mut AttentionScratch::default(), out));
                 }
             });
-            outs
+            for (head, out) in outs.iter().enumerate() {
+                scatter(head, out, ctx);
+            }
         }
-        _ => (0..heads).map(one).collect(),
-    };
-    for (head, out) in outs.iter().enumerate() {
-        for (row, o) in ctx.chunks_exact_mut(h).zip(out.chunks_exact(d)) {
-            row[head * d..(head + 1) * d].copy_from_slice(o);
+        _ => {
+            let mut out = std::mem::take(&mut scratch.out);
+            for head in 0..heads {
+                one(head, scratch, &mut out);
+                scatter(head, &out, ctx);
+            }
+            scratch.out = out;
         }
     }
 }

@@ -54,6 +54,43 @@ pub(crate) fn weighted_sum(p: &[f32], v: &[f32], d: usize, out: &mut [f32]) {
     weighted_sum_body(p, v, d, out);
 }
 
+/// `out[j] = gelu(input[j]) · gate[j]` (ModernBERT's GeGLU), with `crate::math::gelu`.
+pub(crate) fn geglu(input: &[f32], gate: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked); the body is safe Rust.
+            unsafe { geglu_avx512(input, gate, out) };
+            return;
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked); the body is safe Rust.
+            unsafe { geglu_avx2(input, gate, out) };
+            return;
+        }
+    }
+    geglu_body(input, gate, out);
+}
+
+#[inline(always)]
+fn geglu_body(input: &[f32], gate: &[f32], out: &mut [f32]) {
+    for ((o, &u), &g) in out.iter_mut().zip(input).zip(gate) {
+        *o = crate::math::gelu(u) * g;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn geglu_avx512(input: &[f32], gate: &[f32], out: &mut [f32]) {
+    geglu_body(input, gate, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn geglu_avx2(input: &[f32], gate: &[f32], out: &mut [f32]) {
+    geglu_body(input, gate, out);
+}
+
 /// Keys per tile: a tile's outputs and key rows stay in L1.
 const TILE: usize = 256;
 
@@ -165,6 +202,11 @@ mod tests {
             let (mut a, mut b) = (vec![0.25; d], vec![0.25; d]);
             weighted_sum(&p, &v, d, &mut a);
             weighted_sum_body(&p, &v, d, &mut b);
+            prop_assert_eq!(a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), b.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+            let u: Vec<f32> = (0..width).map(|i| value(i + 5) * 40.0).collect();
+            let (mut a, mut b) = (vec![0.0; width], vec![0.0; width]);
+            geglu(&u, &p, &mut a);
+            geglu_body(&u, &p, &mut b);
             prop_assert_eq!(a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), b.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
         }
     }
