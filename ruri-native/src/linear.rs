@@ -9,8 +9,7 @@
 //! * outlier input channels (see [`detect_outliers`]) are left out of the int8 product and
 //!   added in f32, LLM.int8()'s decomposition: `y += Σ_c x_c · w_c` in channel order.
 
-use crate::kernels::{Kernel, PackedWeights, QuantRows};
-use crate::math::round_even;
+use crate::kernels::{Kernel, PackedWeights, QuantRows, simd_f32};
 
 /// An input channel is an outlier when its weight column's norm is below this fraction of
 /// the median column norm: a channel that carries a massive activation is read by tiny
@@ -43,24 +42,17 @@ pub(crate) enum Linear {
     },
 }
 
-/// Quantizes `x` to `out` (symmetric 8-bit); returns the dequantization scale.
+/// Quantizes `x` to `out` (symmetric 8-bit); returns the dequantization scale (0 for a zero
+/// row, NaN for a row that is not finite).
 pub(crate) fn quantize_row(x: &[f32], out: &mut [i8]) -> f32 {
-    // max |x| on the bit patterns: for non-negative floats their order is the integers'
-    // (and an integer max vectorizes; a NaN, above infinity, gives a NaN scale).
-    let max = f32::from_bits(
-        x.iter()
-            .fold(0u32, |m, &v| m.max(v.to_bits() & 0x7fff_ffff)),
-    );
-    if max == 0.0 || !max.is_finite() {
-        out.iter_mut().for_each(|o| *o = 0);
-        return if max == 0.0 { 0.0 } else { f32::NAN };
+    let max = simd_f32::quantize_row(x, out);
+    if max == 0.0 {
+        0.0
+    } else if !max.is_finite() {
+        f32::NAN
+    } else {
+        max / 127.0
     }
-    let inv = 127.0 / max;
-    for (o, &v) in out.iter_mut().zip(x) {
-        // |v · inv| ≤ 127 up to rounding; the clamp keeps the cast exact.
-        *o = round_even(v * inv).clamp(-127.0, 127.0) as i32 as i8;
-    }
-    max / 127.0
 }
 
 /// Input channels whose weight column norm is below [`OUTLIER_NORM_RATIO`] of the median
@@ -263,15 +255,7 @@ fn dequantize(
 ) {
     let n = out.len();
     if outliers.is_empty() {
-        if accumulate {
-            for ((o, &a), &s) in out.iter_mut().zip(acc).zip(sw) {
-                *o += (a as f32) * sa * s;
-            }
-        } else {
-            for ((o, &a), &s) in out.iter_mut().zip(acc).zip(sw) {
-                *o = (a as f32) * sa * s;
-            }
-        }
+        simd_f32::dequantize_row(acc, sa, sw, out, accumulate);
         return;
     }
     // With outliers the row is built in `out` first when storing, or in a copy when adding
@@ -283,9 +267,7 @@ fn dequantize(
     } else {
         out
     };
-    for ((t, &a), &s) in target.iter_mut().zip(acc).zip(sw) {
-        *t = (a as f32) * sa * s;
-    }
+    simd_f32::dequantize_row(acc, sa, sw, target, false);
     for (i, &ch) in outliers.iter().enumerate() {
         let xc = x[ch];
         for (t, &w) in target.iter_mut().zip(&outlier_w[i * n..(i + 1) * n]) {

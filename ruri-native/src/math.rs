@@ -8,7 +8,7 @@ const LANES: usize = 8;
 
 /// 1.5 · 2²³: adding and subtracting it rounds an f32 of magnitude < 2²² to the nearest
 /// integer, ties to even (the IEEE default), as NumPy's `rint` does.
-const ROUND_MAGIC: f32 = 12_582_912.0;
+pub(crate) const ROUND_MAGIC: f32 = 12_582_912.0;
 
 /// Rounds to the nearest integer, ties to even, for |x| < 2²².
 #[inline]

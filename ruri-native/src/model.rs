@@ -13,7 +13,6 @@ use crate::attention::{AttentionScratch, Head, QUERY_BLOCK, attend_head};
 use crate::kernels::Kernel;
 use crate::kernels::simd_f32;
 use crate::linear::{Linear, LinearScratch, detect_outliers};
-use crate::math::layer_norm;
 use crate::weights::Safetensors;
 
 /// Rows of the MLP processed together: their intermediate activations stay in cache.
@@ -244,7 +243,7 @@ impl Model {
         let mut x = vec![0.0f32; tokens * h];
         for (row, &id) in x.chunks_exact_mut(h).zip(packed.ids) {
             let e = self.embedding(id)?;
-            layer_norm(&e[..h], &self.emb_norm, self.eps, row);
+            simd_f32::layer_norm(&e[..h], &self.emb_norm, self.eps, row);
         }
         let mut scratch = Scratch::new(tokens, &self.config);
         for layer in &self.layers {
@@ -259,7 +258,7 @@ impl Model {
             let range = packed.text(t);
             let count = range.len() as f32;
             for r in range {
-                layer_norm(
+                simd_f32::layer_norm(
                     &x[r * h..(r + 1) * h],
                     &self.final_norm,
                     self.eps,
@@ -289,7 +288,7 @@ impl Model {
         let input: &[f32] = match &layer.attn_norm {
             Some(w) => {
                 for (o, row) in s.normed.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
-                    layer_norm(row, w, self.eps, o);
+                    simd_f32::layer_norm(row, w, self.eps, o);
                 }
                 &s.normed
             }
@@ -350,7 +349,7 @@ impl Model {
             let rows = (tokens - start).min(MLP_CHUNK);
             let xs = &mut x[start * h..(start + rows) * h];
             for (o, row) in s.normed.chunks_exact_mut(h).zip(xs.chunks_exact(h)) {
-                layer_norm(row, &layer.mlp_norm, self.eps, o);
+                simd_f32::layer_norm(row, &layer.mlp_norm, self.eps, o);
             }
             layer
                 .wi

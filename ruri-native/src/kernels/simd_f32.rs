@@ -1,94 +1,69 @@
-//! Attention's two f32 loops, compiled three times (baseline, AVX2, AVX-512F) from one
-//! generic body and chosen at run time. Each SIMD lane is a different output (a key, a
-//! channel) and each output's terms are added one after another with separate multiplies
-//! and adds, so every version gives the same bits (tested below): the wider ones are only
-//! faster.
+//! The f32 loops around the GEMMs, each compiled three times (baseline, AVX2, AVX-512F) from
+//! one generic body and chosen at run time. Each SIMD lane is a different output (a key, a
+//! channel, an element) and each output's terms are combined in one fixed order with
+//! separate multiplies and adds, so every version gives the same bits (tested below): the
+//! wider ones are only faster.
 
-/// `out[r][j] = Σ_c q[r][c] · kt[c][lo + j]` (c in order) for `rows` queries and `width`
-/// keys; `kt` is `d × len` (keys transposed), `out` holds `rows × width`, zeroed.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn scores(
-    q: &[f32],
-    rows: usize,
-    d: usize,
-    kt: &[f32],
-    len: usize,
-    lo: usize,
-    width: usize,
-    out: &mut [f32],
-) {
-    assert!(q.len() >= rows * d && kt.len() >= d * len && lo + width <= len);
-    assert!(out.len() >= rows * width);
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F (checked); the body is safe Rust.
-            unsafe { scores_avx512(q, rows, d, kt, len, lo, width, out) };
-            return;
+/// Defines `pub(crate) fn $name` that runs `$body` compiled for the widest of AVX-512F,
+/// AVX2 or the baseline that this CPU has. The body is safe Rust; only the call into a
+/// `#[target_feature]` copy needs `unsafe`, after the feature was detected.
+macro_rules! multiversion {
+    ($(#[$meta:meta])* fn $name:ident / $body:ident ($($arg:ident : $ty:ty),*) $(-> $ret:ty)?) => {
+        $(#[$meta])*
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[allow(clippy::too_many_arguments)]
+                #[target_feature(enable = "avx512f")]
+                fn wide($($arg: $ty),*) $(-> $ret)? { $body($($arg),*) }
+                #[allow(clippy::too_many_arguments)]
+                #[target_feature(enable = "avx2")]
+                fn narrow($($arg: $ty),*) $(-> $ret)? { $body($($arg),*) }
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU has AVX-512F (checked); the body is safe Rust.
+                    return unsafe { wide($($arg),*) };
+                }
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU has AVX2 (checked); the body is safe Rust.
+                    return unsafe { narrow($($arg),*) };
+                }
+            }
+            $body($($arg),*)
         }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked); the body is safe Rust.
-            unsafe { scores_avx2(q, rows, d, kt, len, lo, width, out) };
-            return;
-        }
-    }
-    scores_body(q, rows, d, kt, len, lo, width, out);
+    };
 }
 
-/// `out[c] += Σ_j p[j] · v[j][c]` (j in order); `v` is `p.len() × d`.
-pub(crate) fn weighted_sum(p: &[f32], v: &[f32], d: usize, out: &mut [f32]) {
-    assert!(v.len() >= p.len() * d && out.len() >= d);
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F (checked); the body is safe Rust.
-            unsafe { weighted_sum_avx512(p, v, d, out) };
-            return;
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked); the body is safe Rust.
-            unsafe { weighted_sum_avx2(p, v, d, out) };
-            return;
-        }
-    }
-    weighted_sum_body(p, v, d, out);
+multiversion! {
+    /// `out[r][j] = Σ_c q[r][c] · kt[c][lo + j]` (c in order) for `rows` queries and `width`
+    /// keys; `kt` is `d × len` (keys transposed), `out` holds `rows × width`, zeroed.
+    fn scores / scores_body(q: &[f32], rows: usize, d: usize, kt: &[f32], len: usize, lo: usize, width: usize, out: &mut [f32])
 }
 
-/// `out[j] = gelu(input[j]) · gate[j]` (ModernBERT's GeGLU), with `crate::math::gelu`.
-pub(crate) fn geglu(input: &[f32], gate: &[f32], out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F (checked); the body is safe Rust.
-            unsafe { geglu_avx512(input, gate, out) };
-            return;
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked); the body is safe Rust.
-            unsafe { geglu_avx2(input, gate, out) };
-            return;
-        }
-    }
-    geglu_body(input, gate, out);
+multiversion! {
+    /// `out[c] += Σ_j p[j] · v[j][c]` (j in order); `v` is `p.len() × d`.
+    fn weighted_sum / weighted_sum_body(p: &[f32], v: &[f32], d: usize, out: &mut [f32])
 }
 
-#[inline(always)]
-fn geglu_body(input: &[f32], gate: &[f32], out: &mut [f32]) {
-    for ((o, &u), &g) in out.iter_mut().zip(input).zip(gate) {
-        *o = crate::math::gelu(u) * g;
-    }
+multiversion! {
+    /// `out[j] = gelu(input[j]) · gate[j]` (ModernBERT's GeGLU), with `crate::math::gelu`.
+    fn geglu / geglu_body(input: &[f32], gate: &[f32], out: &mut [f32])
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn geglu_avx512(input: &[f32], gate: &[f32], out: &mut [f32]) {
-    geglu_body(input, gate, out);
+multiversion! {
+    /// `crate::math::layer_norm` of one row.
+    fn layer_norm / layer_norm_body(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32])
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn geglu_avx2(input: &[f32], gate: &[f32], out: &mut [f32]) {
-    geglu_body(input, gate, out);
+multiversion! {
+    /// Quantizes a row to symmetric 8-bit: returns `max |x|` (the caller derives the
+    /// scale); `out[i] = rint(x[i] · 127 / max)`, or 0 where `max` is 0 or not finite.
+    fn quantize_row / quantize_row_body(x: &[f32], out: &mut [i8]) -> f32
+}
+
+multiversion! {
+    /// `out[j] (+)= (f32(acc[j]) · sa) · sw[j]`.
+    fn dequantize_row / dequantize_row_body(acc: &[i32], sa: f32, sw: &[f32], out: &mut [f32], accumulate: bool)
 }
 
 /// Keys per tile: a tile's outputs and key rows stay in L1.
@@ -106,6 +81,8 @@ fn scores_body(
     width: usize,
     out: &mut [f32],
 ) {
+    assert!(q.len() >= rows * d && kt.len() >= d * len && lo + width <= len);
+    assert!(out.len() >= rows * width);
     for t0 in (0..width).step_by(TILE) {
         let tw = TILE.min(width - t0);
         for c in 0..d {
@@ -131,48 +108,52 @@ fn weighted_sum_body(p: &[f32], v: &[f32], d: usize, out: &mut [f32]) {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx512f")]
-fn scores_avx512(
-    q: &[f32],
-    rows: usize,
-    d: usize,
-    kt: &[f32],
-    len: usize,
-    lo: usize,
-    width: usize,
-    out: &mut [f32],
-) {
-    scores_body(q, rows, d, kt, len, lo, width, out);
+#[inline(always)]
+fn geglu_body(input: &[f32], gate: &[f32], out: &mut [f32]) {
+    for ((o, &u), &g) in out.iter_mut().zip(input).zip(gate) {
+        *o = crate::math::gelu(u) * g;
+    }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2")]
-fn scores_avx2(
-    q: &[f32],
-    rows: usize,
-    d: usize,
-    kt: &[f32],
-    len: usize,
-    lo: usize,
-    width: usize,
-    out: &mut [f32],
-) {
-    scores_body(q, rows, d, kt, len, lo, width, out);
+#[inline(always)]
+fn layer_norm_body(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    crate::math::layer_norm(x, weight, eps, out);
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn weighted_sum_avx512(p: &[f32], v: &[f32], d: usize, out: &mut [f32]) {
-    weighted_sum_body(p, v, d, out);
+#[inline(always)]
+fn quantize_row_body(x: &[f32], out: &mut [i8]) -> f32 {
+    // max |x| on the bit patterns: for non-negative floats their order is the integers'
+    // (and an integer max vectorizes; a NaN, above infinity, is caught below).
+    let max = f32::from_bits(
+        x.iter()
+            .fold(0u32, |m, &v| m.max(v.to_bits() & 0x7fff_ffff)),
+    );
+    if max == 0.0 || !max.is_finite() {
+        out.iter_mut().for_each(|o| *o = 0);
+        return max;
+    }
+    let inv = 127.0 / max;
+    for (o, &v) in out.iter_mut().zip(x) {
+        // Clamped to ±127 (|v · inv| ≤ 127 up to rounding), then rounded to the nearest
+        // integer, ties to even, by the 1.5 · 2²³ addition, whose low mantissa byte then
+        // is the integer in two's complement: no saturating float-to-int conversion.
+        let t = (v * inv).clamp(-127.0, 127.0) + crate::math::ROUND_MAGIC;
+        *o = t.to_bits() as u8 as i8;
+    }
+    max
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn weighted_sum_avx2(p: &[f32], v: &[f32], d: usize, out: &mut [f32]) {
-    weighted_sum_body(p, v, d, out);
+#[inline(always)]
+fn dequantize_row_body(acc: &[i32], sa: f32, sw: &[f32], out: &mut [f32], accumulate: bool) {
+    if accumulate {
+        for ((o, &a), &s) in out.iter_mut().zip(acc).zip(sw) {
+            *o += (a as f32) * sa * s;
+        }
+    } else {
+        for ((o, &a), &s) in out.iter_mut().zip(acc).zip(sw) {
+            *o = (a as f32) * sa * s;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -208,6 +189,26 @@ mod tests {
             geglu(&u, &p, &mut a);
             geglu_body(&u, &p, &mut b);
             prop_assert_eq!(a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), b.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+            let w: Vec<f32> = (0..width).map(|i| 1.0 + value(i + 9)).collect();
+            layer_norm(&u, &w, 1e-5, &mut a);
+            layer_norm_body(&u, &w, 1e-5, &mut b);
+            prop_assert_eq!(a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), b.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+            let (mut qa, mut qb) = (vec![0i8; width], vec![0i8; width]);
+            prop_assert_eq!(quantize_row(&u, &mut qa).to_bits(), quantize_row_body(&u, &mut qb).to_bits());
+            prop_assert_eq!(&qa, &qb);
+            // And the magic-number rounding is rint: ties to even, clamped.
+            let max = u.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
+            for (&q, &v) in qa.iter().zip(&u) {
+                let want = if max == 0.0 { 0.0 } else { (v * (127.0 / max)).round_ties_even().clamp(-127.0, 127.0) };
+                prop_assert_eq!(f32::from(q), want);
+            }
+            let acc: Vec<i32> = (0..width).map(|i| (value(i + 13) * 1e6) as i32).collect();
+            for accumulate in [false, true] {
+                let (mut a, mut b) = (vec![0.5; width], vec![0.5; width]);
+                dequantize_row(&acc, 0.003, &w, &mut a, accumulate);
+                dequantize_row_body(&acc, 0.003, &w, &mut b, accumulate);
+                prop_assert_eq!(a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), b.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+            }
         }
     }
 }
