@@ -14,6 +14,8 @@ use crate::math::{self, exp};
 
 /// Queries whose scores are computed together (each key row is loaded once for all).
 pub(crate) const QUERY_BLOCK: usize = 4;
+/// Scores are computed in multiples of this many keys (one AVX-512 vector).
+const KEY_GRAIN: usize = 16;
 
 /// One head of one text: `q`, `k`, `v` are `len × d` (q already rotated, k too), `out` is
 /// `len × d`. `kt` and `scores` are scratch.
@@ -45,11 +47,15 @@ pub(crate) fn attend_head(
     out: &mut [f32],
 ) {
     let (len, d) = (positions.len(), head.d);
-    // Keys transposed, d × len: the score loop runs along keys.
-    scratch.kt.resize(d * len, 0.0);
+    // Keys transposed, d × stride: the score loop runs along keys. Rows are padded with
+    // zero keys so that every block computes a multiple of KEY_GRAIN scores (whole vectors,
+    // no scalar remainder); the padded scores are never read.
+    let stride = len.div_ceil(KEY_GRAIN) * KEY_GRAIN + KEY_GRAIN;
+    scratch.kt.clear();
+    scratch.kt.resize(d * stride, 0.0);
     for j in 0..len {
         for c in 0..d {
-            scratch.kt[c * len + j] = head.k[j * d + c];
+            scratch.kt[c * stride + j] = head.k[j * d + c];
         }
     }
     let window_of = |i: usize| {
@@ -63,11 +69,20 @@ pub(crate) fn attend_head(
         // Positions ascend, so the block's windows span [lo of its first, hi of its last).
         let (lo, _) = window_of(first);
         let (_, hi) = window_of(first + rows - 1);
-        let width = hi - lo;
+        let width = (hi - lo).div_ceil(KEY_GRAIN) * KEY_GRAIN;
         scratch.scores.clear();
         scratch.scores.resize(QUERY_BLOCK * width, 0.0);
         let q = &head.q[first * d..(first + rows) * d];
-        simd_f32::scores(q, rows, d, &scratch.kt, len, lo, width, &mut scratch.scores);
+        simd_f32::scores(
+            q,
+            rows,
+            d,
+            &scratch.kt,
+            stride,
+            lo,
+            width,
+            &mut scratch.scores,
+        );
         for r in 0..rows {
             let (own_lo, own_hi) = window_of(first + r);
             let s = &mut scratch.scores[r * width..(r + 1) * width];
