@@ -66,9 +66,10 @@ multiversion! {
     fn dequantize_row / dequantize_row_body(acc: &[i32], sa: f32, sw: &[f32], out: &mut [f32], accumulate: bool)
 }
 
-/// Keys per tile: a tile's outputs and key rows stay in L1.
-const TILE: usize = 256;
+/// Outputs per accumulator: one AVX-512 vector (two AVX2 ones, four SSE ones).
+const VEC: usize = 16;
 
+/// Callers pass `width` as a multiple of [`VEC`] (the keys beyond are zero padding).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn scores_body(
@@ -82,18 +83,21 @@ fn scores_body(
     out: &mut [f32],
 ) {
     assert!(q.len() >= rows * d && kt.len() >= d * len && lo + width <= len);
-    assert!(out.len() >= rows * width);
-    for t0 in (0..width).step_by(TILE) {
-        let tw = TILE.min(width - t0);
-        for c in 0..d {
-            let keys = &kt[c * len + lo + t0..c * len + lo + t0 + tw];
-            for r in 0..rows {
-                let qc = q[r * d + c];
-                let o = &mut out[r * width + t0..r * width + t0 + tw];
-                for (x, &k) in o.iter_mut().zip(keys) {
-                    *x += qc * k;
+    assert!(out.len() >= rows * width && width.is_multiple_of(VEC));
+    for r in 0..rows {
+        let qr = &q[r * d..(r + 1) * d];
+        for j0 in (0..width).step_by(VEC) {
+            // One accumulator in registers over all of d, one channel after another.
+            let mut acc = [0.0f32; VEC];
+            for (c, &qc) in qr.iter().enumerate() {
+                let keys: &[f32; VEC] = kt[c * len + lo + j0..c * len + lo + j0 + VEC]
+                    .try_into()
+                    .expect("a slice of VEC keys");
+                for (a, &k) in acc.iter_mut().zip(keys) {
+                    *a += qc * k;
                 }
             }
+            out[r * width + j0..r * width + j0 + VEC].copy_from_slice(&acc);
         }
     }
 }
@@ -101,10 +105,28 @@ fn scores_body(
 #[inline(always)]
 fn weighted_sum_body(p: &[f32], v: &[f32], d: usize, out: &mut [f32]) {
     let out = &mut out[..d];
-    for (&pj, vj) in p.iter().zip(v.chunks_exact(d)) {
-        for (o, &x) in out.iter_mut().zip(vj) {
-            *o += pj * x;
+    let mut c0 = 0;
+    while c0 < d {
+        let w = VEC.min(d - c0);
+        // Accumulators in registers over all keys, one key after another.
+        let mut acc = [0.0f32; VEC];
+        acc[..w].copy_from_slice(&out[c0..c0 + w]);
+        if w == VEC {
+            for (&pj, vj) in p.iter().zip(v.chunks_exact(d)) {
+                let vj: &[f32; VEC] = vj[c0..c0 + VEC].try_into().expect("VEC values");
+                for (a, &x) in acc.iter_mut().zip(vj) {
+                    *a += pj * x;
+                }
+            }
+        } else {
+            for (&pj, vj) in p.iter().zip(v.chunks_exact(d)) {
+                for (a, &x) in acc.iter_mut().zip(&vj[c0..c0 + w]) {
+                    *a += pj * x;
+                }
+            }
         }
+        out[c0..c0 + w].copy_from_slice(&acc[..w]);
+        c0 += w;
     }
 }
 
@@ -169,8 +191,9 @@ mod tests {
         fn every_width_gives_the_same_bits(
             (rows, d, len, lo, width, seed) in (1usize..5, 1usize..70, 1usize..600)
                 .prop_flat_map(|(rows, d, len)| (Just(rows), Just(d), Just(len), 0..len, Just(0usize), any::<u32>()))
-                .prop_flat_map(|(rows, d, len, lo, _, seed)| (Just(rows), Just(d), Just(len), Just(lo), 1..=len - lo, Just(seed)))
+                .prop_flat_map(|(rows, d, len, lo, _, seed)| (Just(rows), Just(d), Just(len + VEC), Just(lo), 1..=len - lo, Just(seed)))
         ) {
+            let width = width.div_ceil(VEC) * VEC;
             let value = |i: usize| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 / u32::MAX as f32 - 0.5;
             let q: Vec<f32> = (0..rows * d).map(value).collect();
             let kt: Vec<f32> = (0..d * len).map(|i| value(i + 7)).collect();
