@@ -583,6 +583,10 @@ impl EmbedderConfig {
 }
 
 /// Where [`EmbedderConfig::load`] reads the model from.
+#[cfg_attr(
+    not(any(feature = "ort", feature = "candle")),
+    expect(dead_code, reason = "only a backend's load function reads it")
+)]
 enum Target<'a> {
     Dir(&'a Path),
     #[cfg(feature = "hub")]
