@@ -72,6 +72,27 @@ impl BackendKind {
         }
     }
 
+    /// The version of the shared library the backend loads at run time that ruri is built
+    /// and tested against (ONNX Runtime's for ort); `None` for a backend linked in whole
+    /// (candle) or not compiled in.
+    pub fn runtime_version(self) -> Option<&'static str> {
+        match self {
+            #[cfg(feature = "ort")]
+            BackendKind::Ort => Some(ruri_ort::ONNXRUNTIME_VERSION),
+            _ => None,
+        }
+    }
+
+    /// The shared library this process loaded for the backend, once a model of it was built
+    /// (ONNX Runtime's for ort); `None` before, or for a backend without one.
+    pub fn loaded_runtime_path(self) -> Option<PathBuf> {
+        match self {
+            #[cfg(feature = "ort")]
+            BackendKind::Ort => ruri_ort::loaded_runtime_path(),
+            _ => None,
+        }
+    }
+
     /// The error for a backend this build lacks.
     fn not_compiled(self) -> Error {
         Error::InvalidOption {

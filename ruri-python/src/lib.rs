@@ -390,14 +390,7 @@ impl Engine {
     /// The ONNX Runtime library this process loaded, if any.
     #[staticmethod]
     fn loaded_runtime_path() -> Option<PathBuf> {
-        #[cfg(feature = "ort")]
-        {
-            ruri::ort::loaded_runtime_path()
-        }
-        #[cfg(not(feature = "ort"))]
-        {
-            None
-        }
+        BackendKind::Ort.loaded_runtime_path()
     }
 }
 
@@ -440,19 +433,11 @@ fn _ruri(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     let backends: Vec<&str> = BackendKind::COMPILED.iter().map(|b| b.name()).collect();
     m.add("BACKENDS", backends)?;
-    m.add("ONNXRUNTIME_VERSION", ort_version())?;
+    // "" without the ort backend.
+    m.add(
+        "ONNXRUNTIME_VERSION",
+        BackendKind::Ort.runtime_version().unwrap_or_default(),
+    )?;
     m.add("HUB", cfg!(feature = "hub"))?;
     Ok(())
-}
-
-/// The ONNX Runtime version ruri is tested with ("" without the ort backend).
-fn ort_version() -> &'static str {
-    #[cfg(feature = "ort")]
-    {
-        ruri::ort::ONNXRUNTIME_VERSION
-    }
-    #[cfg(not(feature = "ort"))]
-    {
-        ""
-    }
 }
