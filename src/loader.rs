@@ -5,11 +5,22 @@
 //! option means the same everywhere, and a combination that cannot run is refused by one
 //! function, [`EmbedderConfig::validate`], with one typed error.
 //!
-//! This is the only file of the facade that names the backend features: adding a backend is a
-//! [`BackendKind`] variant plus one arm in each `match` below ([`BackendKind`]'s `name`,
-//! `from_str` and `is_compiled`, [`EmbedderConfig::validate`], `EmbedderConfig::load`) and
-//! one `load_<backend>` function pair (with the feature, and the one without it, which
-//! returns the error).
+//! This is the only file of the facade whose code depends on the backend features (lib.rs
+//! only re-exports the backend crates). Adding a backend, e.g. `native`:
+//!
+//! 1. a [`BackendKind`] variant, listed in [`BackendKind::ALL`] and, under its feature, in
+//!    [`BackendKind::COMPILED`];
+//! 2. one arm in each `match` on it: `name`, `is_compiled`, `not_compiled`,
+//!    [`EmbedderConfig::validate`] (its precisions and options) and `EmbedderConfig::load`
+//!    (the compiler lists a forgotten one: these have no wildcard), and its name in
+//!    `from_str` (and in `runtime_version`/`loaded_runtime_path` if it loads a shared
+//!    library, else their `None` is right);
+//! 3. one `load_<backend>` pair: the builder call with the feature, the typed error without;
+//! 4. [`BackendKind::best`], if it becomes the best backend compiled in.
+//!
+//! Then the cargo feature (`native = ["dep:ruri-native"]`) and its re-export in lib.rs. No
+//! front end changes: `--backend native`, `RURI_BACKEND=native` and `backend="native"` parse
+//! through [`BackendKind`].
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
