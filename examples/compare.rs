@@ -111,10 +111,7 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 }
 
 fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn Embedder>, String> {
-    let describe = |e: ruri::Error| match std::error::Error::source(&e) {
-        Some(source) => format!("{e}: {source}"),
-        None => e.to_string(),
-    };
+    let describe = |e: ruri::Error| ruri::error_chain(&e).to_string();
     let mut batching = ruri::BatchOptions::default();
     if let Some(t) = args.max_batch_tokens {
         batching = batching.max_batch_tokens(t);

@@ -10,15 +10,12 @@
 //! stays bounded however long stdin is.
 
 mod common;
-#[path = "common/describe.rs"]
-mod describe;
 
 use std::io::{self, BufRead, BufWriter, IsTerminal, Write};
 use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
-use common::ModelArgs;
-use describe::describe;
+use common::describe;
 use ruri::{EmbedOptions, Error, Task, TextEmbedder, Truncation};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -46,7 +43,7 @@ enum TruncateArg {
 #[command(version, about)]
 struct Args {
     #[command(flatten)]
-    model_args: ModelArgs,
+    model_args: ruri::cli::ModelArgs,
     /// Prompt to prepend.
     #[arg(long, value_enum, default_value_t = TaskArg::None)]
     task: TaskArg,
@@ -65,8 +62,8 @@ struct Args {
     /// Lines read and embedded at a time (bounds memory).
     #[arg(long, default_value_t = 1024)]
     chunk: usize,
-    /// ONNX Runtime intra-op threads (default: ONNX Runtime's choice). candle follows
-    /// RAYON_NUM_THREADS.
+    /// ONNX Runtime intra-op threads (default: ONNX Runtime's choice; ort only: candle
+    /// follows RAYON_NUM_THREADS).
     #[arg(long)]
     threads: Option<usize>,
 }
@@ -93,12 +90,8 @@ fn run(args: Args) -> Result<(), String> {
     if args.chunk == 0 {
         return Err("--chunk must be positive".into());
     }
-    let model = args.model_args.dir_or_tiny();
-    args.model_args.check()?;
-    let embedder = args
-        .model_args
-        .load(&model, args.threads, None)
-        .map_err(|e| describe(&e))?;
+    let model = common::dir_or_tiny(&args.model_args);
+    let embedder = common::load(&args.model_args, &model, args.threads)?;
     let task = match args.task {
         TaskArg::Query => Task::Query,
         TaskArg::Document => Task::Document,
@@ -116,7 +109,9 @@ fn stream(args: &Args, embedder: &TextEmbedder, task: Task) -> Result<(), String
     };
     let options = EmbedOptions::new(task).truncation(truncation);
     // An unknown prompt name fails before any input is read.
-    embedder.encode(&[""], &options).map_err(|e| describe(&e))?;
+    embedder
+        .tokenize(&[""], &options)
+        .map_err(|e| describe(&e))?;
 
     let progress = io::stderr().is_terminal().then(|| {
         let bar = indicatif::ProgressBar::new_spinner();
@@ -153,7 +148,7 @@ fn stream(args: &Args, embedder: &TextEmbedder, task: Task) -> Result<(), String
             break;
         }
         let encodings = embedder
-            .encode(&texts, &options)
+            .tokenize(&texts, &options)
             .map_err(|e| match e {
                 Error::InputTooLong { index, tokens, max } => format!(
                     "line {} has {tokens} tokens, more than the model's {max} (use --truncate truncate)",

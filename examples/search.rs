@@ -14,19 +14,16 @@
 //! folder for real results.
 
 // Shared by several examples, each using part of it: this one has its own default-model
-// notice and precision error, so `dir_or_tiny` and `check` go unused here.
+// notice, so `dir_or_tiny` goes unused here.
 #[allow(dead_code)]
 mod common;
-#[path = "common/describe.rs"]
-mod describe;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use common::ModelArgs;
-use describe::describe;
+use common::describe;
 use ruri::top_k;
 
 /// Search Japanese documents by meaning with a Ruri v3 model.
@@ -45,7 +42,7 @@ struct Args {
     #[arg(long, default_value_t = 3)]
     top_k: usize,
     #[command(flatten)]
-    model_args: ModelArgs,
+    model_args: ruri::cli::ModelArgs,
 }
 
 const EXAMPLE_QUERIES: &[&str] = &[
@@ -82,10 +79,7 @@ fn run(args: Args) -> Result<(), String> {
         .model
         .clone()
         .unwrap_or_else(common::tiny_model_dir);
-    let embedder = args
-        .model_args
-        .load(&model, None, None)
-        .map_err(|e| describe(&e))?;
+    let embedder = common::load(&args.model_args, &model, None)?;
     if args.model_args.model.is_none() {
         println!(
             "note: no --model given; {} is a random-weight TEST model, so these rankings mean nothing",

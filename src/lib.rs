@@ -18,27 +18,67 @@
 //! # fn main() {}
 //! ```
 //!
-//! This facade re-exports [`ruri_core`] ([`TextEmbedder`], the [`Embedder`] trait, [`Error`],
-//! [`ModelDir`], the pipeline's pieces) and the backends: [`ort`] (ONNX Runtime, `ruri::ort::builder()`)
-//! and [`candle`] (`ruri::candle::builder()`). It also hosts the workspace's examples and
-//! benchmarks; measured figures are in the repository's BENCHMARKS.md.
+//! Or let the facade choose: [`EmbedderConfig`] names the backend, the precision and the
+//! options in one vocabulary and loads any of them ([`EmbedderConfig::build_from_dir`], or
+//! `build(source)` for a folder or a Hub id), refusing a combination no backend runs with one
+//! typed error; [`from_pretrained`] is the one-call form with the best backend compiled in.
+//! The command lines and the Python package load through it.
+//!
+//! This facade re-exports what a program that embeds uses from [`ruri_core`] at its root
+//! ([`TextEmbedder`], the [`Embedder`] trait, [`Error`], [`ModelDir`], [`top_k`], …); what a
+//! backend implements or calls is in [`backend`]. The backends themselves are [`ort`] (ONNX
+//! Runtime, `ruri::ort::builder()`) and [`candle`] (`ruri::candle::builder()`). It also hosts
+//! the workspace's examples and benchmarks; measured figures are in the repository's
+//! BENCHMARKS.md.
 //!
 //! # Features
 //!
 //! * `ort` (default): the ONNX Runtime backend, [`ruri_ort`], as [`ort`]. The ONNX Runtime
 //!   library is loaded at run time (see [`ruri_ort`]'s docs for where it is looked for).
 //! * `candle` (default): the candle backend on CPU, [`ruri_candle`], as [`candle`].
-//! * `hub` (default): [`hub`], and the backends' `build_from_hub(id)` and `build(source)`
-//!   (a folder or a model id): downloads into the Hugging Face Hub's standard cache, shared
-//!   with Python's `huggingface_hub` (see [`ruri_core::hub`]).
 //! * `native` (default): ruri's own pure-Rust engine, [`ruri_native`], as [`native`]: fp32,
 //!   and int8 with exact integer kernels that give the same vector on every CPU.
+//! * `hub` (default): [`hub`], [`EmbedderConfig::build`] and `build_from_hub`, and the
+//!   backends' `build_from_hub(id)` and `build(source)` (a folder or a model id): downloads
+//!   into the Hugging Face Hub's standard cache, shared with Python's `huggingface_hub` (see
+//!   [`ruri_core::hub`]).
+//! * `clap` (default): [`cli`], the model flags for a command line, and clap's `ValueEnum`
+//!   for [`BackendKind`] and [`Precision`]. On by default so that the examples build with a
+//!   plain `cargo run --example`; a library that depends on `ruri` can leave it out.
 //! * `cuda`: CUDA devices for the candle backend (needs the CUDA toolkit to build).
+//!
+//! A backend left out stays nameable: [`BackendKind::Candle`] exists in every build, and
+//! loading with it returns [`Error::InvalidOption`] naming the feature to turn on.
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
-pub use ruri_core::*;
+#[cfg(feature = "clap")]
+pub mod cli;
+mod loader;
+
+pub use loader::{BackendKind, EmbedderConfig, Graph, Precision, from_pretrained};
+
+pub use ruri_core::{
+    BatchOptions, EmbedOptions, Embedder, Embeddings, Encoding, Error, ErrorChain, ModelDir,
+    Prompts, Result, Task, TextEmbedder, TokenSource, Tokenizer, Truncation, Whitespace, cosine,
+    dot, error_chain, l2_normalize, prompts, tokenize, top_k,
+};
+
+/// For backend authors: what a backend implements ([`Backend`](backend::Backend)) and the
+/// pieces of the shared pipeline it may call. A program that only embeds needs none of it.
+///
+/// A backend turns a [`PaddedBatch`](backend::PaddedBatch) of ids and masks into vectors
+/// (pooled, or token states that [`mean_pool`](backend::mean_pool) pools); ruri-core does the
+/// rest (tokenize, [`plan_batches`](backend::plan_batches), normalize, restore order), in
+/// [`TextEmbedder::load`].
+pub mod backend {
+    pub use ruri_core::config;
+    pub use ruri_core::{
+        AttentionKind, Backend, BackendOutput, Layout, ModelConfig, PaddedBatch, Pooling,
+        checkpoint_prefix, mean_pool, plan_batches,
+    };
+}
 
 /// The ONNX Runtime backend.
 #[cfg(feature = "ort")]

@@ -38,13 +38,7 @@ fn build(backend: Backend, dir: &Path) -> ruri::Result<Box<dyn Embedder>> {
 
 /// The error with its chain of causes, as a user sees it.
 fn describe(e: &Error) -> String {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(cause) = source {
-        text.push_str(&format!(": {cause}"));
-        source = cause.source();
-    }
-    text
+    ruri::error_chain(e).to_string()
 }
 
 /// A loaded embedder still gives Python's vector (the broken file is one it does not read).

@@ -25,9 +25,6 @@ pub(crate) fn candle_error(context: impl Into<String>) -> impl FnOnce(candle_cor
     }
 }
 
-/// The tensor that tells whether a checkpoint uses the `model.` prefix.
-const PROBE: &str = "embeddings.tok_embeddings.weight";
-
 /// LayerNorm without bias (`norm_bias = False` in every ModernBERT config), computed in f32
 /// inside candle's fused kernel whatever the dtype, as torch does for bf16/f16 LayerNorm.
 #[derive(Debug)]
@@ -119,16 +116,8 @@ impl ModernBert {
         // truncating it while it is mapped (candle's and safetensors' documented contract).
         let header = unsafe { MmapedSafetensors::new(weights) }
             .map_err(candle_error(format!("reading {}", weights.display())))?;
-        let prefixed = if header.get(PROBE).is_ok() {
-            false
-        } else if header.get(&format!("model.{PROBE}")).is_ok() {
-            true
-        } else {
-            return Err(invalid(format!(
-                "no {PROBE} tensor, with or without a `model.` prefix: not a ModernBERT checkpoint"
-            )));
-        };
-        let prefix = if prefixed { "model." } else { "" };
+        let prefix = ruri_core::checkpoint_prefix(weights, |name| header.get(name).is_ok())?;
+        let prefixed = !prefix.is_empty();
         for (name, shape) in config.checkpoint_tensors() {
             let full = format!("{prefix}{name}");
             let view = header
@@ -178,7 +167,7 @@ impl ModernBert {
             })
             .collect::<candle_core::Result<Vec<_>>>()?;
         Ok(Self {
-            tok_embeddings: vb.get((c.vocab_size, h), PROBE)?,
+            tok_embeddings: vb.get((c.vocab_size, h), "embeddings.tok_embeddings.weight")?,
             emb_norm: Norm::load(vb, "embeddings.norm", h, eps)?,
             layers,
             final_norm: Norm::load(vb, "final_norm", h, eps)?,

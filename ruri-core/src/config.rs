@@ -310,6 +310,37 @@ impl ModelConfig {
     }
 }
 
+/// The prefix a ModernBERT checkpoint puts before the names of
+/// [`ModelConfig::checkpoint_tensors`]: `""` for sentence-transformers checkpoints (the
+/// transformer saved alone) or `"model."` for transformers' `ModernBertForMaskedLM` and
+/// candle-transformers' layout. `has` says whether the file at `weights` holds a tensor of
+/// that name; a file with the embedding matrix under neither name is
+/// [`Error::InvalidConfig`]. Both backends that read `model.safetensors` ask here, so they
+/// accept the same files.
+///
+/// ```
+/// let names = ["model.embeddings.tok_embeddings.weight", "model.final_norm.weight"];
+/// let prefix = ruri_core::checkpoint_prefix("model.safetensors".as_ref(), |n| names.contains(&n))?;
+/// assert_eq!(prefix, "model.");
+/// # Ok::<(), ruri_core::Error>(())
+/// ```
+pub fn checkpoint_prefix(weights: &Path, has: impl Fn(&str) -> bool) -> Result<&'static str> {
+    // The first tensor of every checkpoint, and the one both layouts name alike otherwise.
+    const PROBE: &str = "embeddings.tok_embeddings.weight";
+    if has(PROBE) {
+        Ok("")
+    } else if has(&format!("model.{PROBE}")) {
+        Ok("model.")
+    } else {
+        Err(Error::InvalidConfig {
+            path: weights.to_path_buf(),
+            reason: format!(
+                "no {PROBE} tensor, with or without a `model.` prefix: not a ModernBERT checkpoint"
+            ),
+        })
+    }
+}
+
 /// Pooling mode of `1_Pooling/config.json`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]

@@ -279,3 +279,78 @@ impl From<TokenizeError> for Error {
         }
     }
 }
+
+/// An error followed by its chain of causes ([`std::error::Error::source`]), for people to
+/// read: `{}` writes `error: cause: root cause` on one line (command lines, logs); `{:#}`
+/// writes each cause on a line of its own, `\ncaused by: cause` (Python exception messages,
+/// long reports). ruri's variants keep their causes as sources rather than in their own
+/// text, so printing only `to_string()` would lose the reason (e.g. which I/O error).
+///
+/// ```
+/// use ruri_core::{Error, error_chain};
+///
+/// let error = Error::Io {
+///     path: "config.json".into(),
+///     source: std::io::Error::new(std::io::ErrorKind::PermissionDenied, "permission denied"),
+/// };
+/// assert_eq!(error_chain(&error).to_string(), "cannot read config.json: permission denied");
+/// assert_eq!(
+///     format!("{:#}", error_chain(&error)),
+///     "cannot read config.json\ncaused by: permission denied"
+/// );
+/// ```
+pub fn error_chain<'a>(error: &'a (dyn std::error::Error + 'static)) -> ErrorChain<'a> {
+    ErrorChain(error)
+}
+
+/// The [`Display`](std::fmt::Display) of an error and its causes: see [`error_chain`].
+#[derive(Debug, Clone, Copy)]
+pub struct ErrorChain<'a>(&'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let separator = if f.alternate() { "\ncaused by: " } else { ": " };
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(cause) = source {
+            write!(f, "{separator}{cause}")?;
+            source = cause.source();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_chain_lists_every_cause_in_order() {
+        let root = std::io::Error::other("disk on fire");
+        let middle = Error::Io {
+            path: "model.safetensors".into(),
+            source: root,
+        };
+        let outer = Error::Backend {
+            backend: "candle",
+            context: "loading the weights".into(),
+            source: Box::new(middle),
+        };
+        assert_eq!(
+            error_chain(&outer).to_string(),
+            "candle backend error: loading the weights: cannot read model.safetensors: disk on fire"
+        );
+        assert_eq!(
+            format!("{:#}", error_chain(&outer)),
+            "candle backend error: loading the weights\ncaused by: cannot read \
+             model.safetensors\ncaused by: disk on fire"
+        );
+        // No cause: the message alone, in both forms.
+        let alone = Error::HttpStatus {
+            url: "u".into(),
+            status: 500,
+        };
+        assert_eq!(error_chain(&alone).to_string(), "u answered HTTP 500");
+        assert_eq!(format!("{:#}", error_chain(&alone)), "u answered HTTP 500");
+    }
+}

@@ -79,9 +79,9 @@ mod pipeline;
 mod similarity;
 mod text_embedder;
 
-pub use config::{AttentionKind, ModelConfig, Pooling};
+pub use config::{AttentionKind, ModelConfig, Pooling, checkpoint_prefix};
 pub use embedder::{EmbedOptions, Embedder, Embeddings, Task};
-pub use error::{Error, Result, TokenSource};
+pub use error::{Error, ErrorChain, Result, TokenSource, error_chain};
 pub use model_dir::{Layout, ModelDir, Prompts, prompts};
 pub use pipeline::{Backend, BackendOutput, BatchOptions, l2_normalize, mean_pool, plan_batches};
 pub use similarity::{cosine, dot, top_k};

@@ -201,14 +201,14 @@ impl TextEmbedder {
         texts: &[impl AsRef<str>],
         options: &EmbedOptions,
     ) -> Result<Embeddings> {
-        let encodings = self.encode(texts, options)?;
+        let encodings = self.tokenize(texts, options)?;
         self.embed_encodings(&encodings, options.get_normalize())
     }
 
     /// Tokenizes texts as [`TextEmbedder::embed_with`] would (prompt, whitespace and
     /// truncation policies), without running the model: to count tokens, or to embed later
     /// with [`TextEmbedder::embed_encodings`].
-    pub fn encode(
+    pub fn tokenize(
         &self,
         texts: &[impl AsRef<str>],
         options: &EmbedOptions,
@@ -225,6 +225,20 @@ impl TextEmbedder {
                     .map_err(Error::from)
             })
             .collect()
+    }
+
+    /// The old name of [`TextEmbedder::tokenize`]. It returns tokens, while `encode` in
+    /// sentence-transformers (and in ruri's Python package) returns vectors.
+    #[deprecated(
+        since = "0.1.0",
+        note = "renamed `tokenize`: it returns tokens, not vectors"
+    )]
+    pub fn encode(
+        &self,
+        texts: &[impl AsRef<str>],
+        options: &EmbedOptions,
+    ) -> Result<Vec<Encoding>> {
+        self.tokenize(texts, options)
     }
 
     /// Runs already-tokenized texts: sort, batch, infer, pool, normalize, restore order.

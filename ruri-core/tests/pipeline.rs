@@ -393,7 +393,7 @@ fn per_call_batching_overrides_the_embedders_for_that_call_only() {
     let p = pipeline(BatchOptions::default(), false);
     let texts: Vec<String> = (0..10).map(|i| "瑠璃".repeat(i + 1)).collect();
     let options = EmbedOptions::new(Task::None);
-    let encodings = p.encode(&texts, &options).unwrap();
+    let encodings = p.tokenize(&texts, &options).unwrap();
     let batches = || {
         std::mem::take(
             &mut *p

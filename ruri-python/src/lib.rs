@@ -14,7 +14,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString};
-use ruri::{EmbedOptions, Error, Task, TextEmbedder, Whitespace};
+use ruri::{BackendKind, EmbedOptions, EmbedderConfig, Error, Task, TextEmbedder, Whitespace};
 
 /// When an error happened: a backend error while loading is a broken model, while embedding
 /// an inference failure.
@@ -51,16 +51,10 @@ fn error_class(error: &Error, phase: Phase) -> &'static str {
     }
 }
 
-/// ruri's message, then each wrapped cause (`caused by: …`), as the Rust examples print it.
+/// ruri's message, then each wrapped cause on a line of its own (`caused by: …`): ruri's one
+/// formatter, [`ruri::error_chain`], in its multi-line form.
 fn message(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str("\ncaused by: ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
+    format!("{:#}", ruri::error_chain(error))
 }
 
 /// The module `ruri._errors`, imported once.
@@ -86,72 +80,6 @@ fn py_error(py: Python<'_>, class: &str, text: String) -> PyErr {
 fn to_py(py: Python<'_>, error: Error, phase: Phase) -> PyErr {
     py_error(py, error_class(&error, phase), message(&error))
 }
-
-/// Which backend runs the model.
-enum Backend {
-    #[cfg(feature = "ort")]
-    Ort(ruri::ort::Precision),
-    #[cfg(feature = "candle")]
-    Candle(ruri::candle::DType),
-}
-
-/// Builder options that only some backends have.
-struct Options {
-    whitespace: Whitespace,
-    hub: HubOptions,
-    runtime_path: Option<PathBuf>,
-    intra_threads: Option<usize>,
-    sessions: Option<usize>,
-    max_batch_tokens: Option<usize>,
-}
-
-fn parse_backend(backend: &str, precision: &str) -> Result<Backend, (&'static str, String)> {
-    let unknown = |what: &str, known: &str| format!("unknown {what} {precision:?}; known: {known}");
-    match backend {
-        #[cfg(feature = "ort")]
-        "ort" => {
-            use ruri::ort::Precision;
-            Ok(Backend::Ort(match precision {
-                "fp32" | "float32" => Precision::Fp32,
-                "int8" => Precision::Int8,
-                "fp16" | "float16" => Precision::Fp16,
-                _ => {
-                    return Err(("InputError", unknown("ort precision", "fp32, int8, fp16")));
-                }
-            }))
-        }
-        #[cfg(feature = "candle")]
-        "candle" => {
-            use ruri::candle::DType;
-            Ok(Backend::Candle(match precision {
-                "fp32" | "f32" | "float32" => DType::F32,
-                "bf16" | "bfloat16" => DType::BF16,
-                "fp16" | "f16" | "float16" => DType::F16,
-                _ => {
-                    return Err((
-                        "InputError",
-                        unknown("candle precision", "fp32, bf16, fp16"),
-                    ));
-                }
-            }))
-        }
-        other => Err((
-            "InputError",
-            format!(
-                "unknown backend {other:?}; this build of ruri has: {}",
-                BACKENDS.join(", ")
-            ),
-        )),
-    }
-}
-
-/// The backends compiled into this module.
-const BACKENDS: &[&str] = &[
-    #[cfg(feature = "ort")]
-    "ort",
-    #[cfg(feature = "candle")]
-    "candle",
-];
 
 /// Where a Hub model is looked up: sentence-transformers' `revision`, `cache_folder`, `token`
 /// and `local_files_only`; unset ones follow the Hugging Face environment variables.
@@ -226,50 +154,34 @@ fn source(model: &str, hub: &HubOptions) -> ruri::Result<Source> {
     }
 }
 
-fn batching(max_batch_tokens: Option<usize>) -> Option<ruri::BatchOptions> {
-    max_batch_tokens.map(|t| ruri::BatchOptions::default().max_batch_tokens(t))
+/// The loader's configuration for the constructor's arguments: `backend`, `precision` and
+/// `whitespace` by name ([`EmbedderConfig::from_names`], the parser every front end shares),
+/// then the ort options. Whether they go together is [`EmbedderConfig::validate`]'s answer,
+/// given when the model is built.
+fn engine_config(
+    backend: &str,
+    precision: &str,
+    whitespace: &str,
+    runtime_path: Option<PathBuf>,
+    intra_threads: Option<usize>,
+    sessions: Option<usize>,
+    max_batch_tokens: Option<usize>,
+) -> ruri::Result<EmbedderConfig> {
+    let mut config = EmbedderConfig::from_names(backend, precision, whitespace)?
+        .threads(intra_threads)
+        .sessions(sessions)
+        .batching(max_batch_tokens.map(|t| ruri::BatchOptions::default().max_batch_tokens(t)));
+    if let Some(path) = runtime_path {
+        config = config.runtime_path(path);
+    }
+    Ok(config)
 }
 
-fn build(model: &str, backend: &Backend, options: &Options) -> ruri::Result<TextEmbedder> {
-    let source = source(model, &options.hub)?;
-    match backend {
-        #[cfg(feature = "ort")]
-        Backend::Ort(precision) => {
-            let mut builder = ruri::ort::builder()
-                .precision(*precision)
-                .whitespace(options.whitespace);
-            if let Some(path) = &options.runtime_path {
-                builder = builder.runtime_path(path);
-            }
-            if let Some(threads) = options.intra_threads {
-                builder = builder.intra_threads(threads);
-            }
-            if let Some(sessions) = options.sessions {
-                builder = builder.sessions(sessions);
-            }
-            if let Some(batching) = batching(options.max_batch_tokens) {
-                builder = builder.batching(batching);
-            }
-            match source {
-                Source::Dir(dir) => builder.build_from_dir(dir),
-                #[cfg(feature = "hub")]
-                Source::Hub(repo) => builder.build_from_hub(repo),
-            }
-        }
-        #[cfg(feature = "candle")]
-        Backend::Candle(dtype) => {
-            let mut builder = ruri::candle::builder()
-                .dtype(*dtype)
-                .whitespace(options.whitespace);
-            if let Some(batching) = batching(options.max_batch_tokens) {
-                builder = builder.batching(batching);
-            }
-            match source {
-                Source::Dir(dir) => builder.build_from_dir(dir),
-                #[cfg(feature = "hub")]
-                Source::Hub(repo) => builder.build_from_hub(repo),
-            }
-        }
+fn build(model: &str, config: &EmbedderConfig, hub: &HubOptions) -> ruri::Result<TextEmbedder> {
+    match source(model, hub)? {
+        Source::Dir(dir) => config.build_from_dir(dir),
+        #[cfg(feature = "hub")]
+        Source::Hub(repo) => config.build_from_hub(repo),
     }
 }
 
@@ -311,47 +223,35 @@ impl Engine {
         token: Option<String>,
         local_files_only: bool,
     ) -> PyResult<Self> {
-        let kind = parse_backend(backend, precision).map_err(|(c, m)| py_error(py, c, m))?;
-        let (whitespace, whitespace_name) = match whitespace {
-            "keep" => (Whitespace::Keep, "keep"),
-            "strip" => (Whitespace::Strip, "strip"),
-            other => {
-                return Err(py_error(
-                    py,
-                    "InputError",
-                    format!("unknown whitespace policy {other:?}; known: keep, strip"),
-                ));
-            }
-        };
-        let backend = match kind {
-            #[cfg(feature = "ort")]
-            Backend::Ort(_) => "ort",
-            #[cfg(feature = "candle")]
-            Backend::Candle(_) => "candle",
-        };
-        let options = Options {
+        let config = engine_config(
+            backend,
+            precision,
             whitespace,
-            hub: HubOptions {
-                revision,
-                cache_folder,
-                token,
-                local_files_only,
-            },
             runtime_path,
             intra_threads,
             sessions,
             max_batch_tokens,
+        )
+        .map_err(|e| to_py(py, e, Phase::Load))?;
+        let hub = HubOptions {
+            revision,
+            cache_folder,
+            token,
+            local_files_only,
         };
         // Loading takes from tens of milliseconds to seconds: other threads run meanwhile.
         let embedder = py
-            .detach(|| build(&model, &kind, &options))
+            .detach(|| build(&model, &config, &hub))
             .map_err(|e| to_py(py, e, Phase::Load))?;
         Ok(Self {
             embedder,
             model,
-            backend,
+            backend: config.get_backend().name(),
             precision: precision.to_owned(),
-            whitespace: whitespace_name,
+            whitespace: match config.get_whitespace() {
+                Whitespace::Strip => "strip",
+                _ => "keep",
+            },
         })
     }
 
@@ -392,7 +292,7 @@ impl Engine {
         let options = EmbedOptions::new(task).normalize(normalize_in_pipeline);
         let batching = self.embedder.batching().max_batch_size(batch_size);
         let run = || -> ruri::Result<Vec<f32>> {
-            let encodings = self.embedder.encode(&texts, &options)?;
+            let encodings = self.embedder.tokenize(&texts, &options)?;
             let embeddings = self.embedder.embed_encodings_with_batching(
                 &encodings,
                 normalize_in_pipeline,
@@ -430,7 +330,7 @@ impl Engine {
         let texts = texts_of(py, sentences)?;
         let options = EmbedOptions::new(prompt.map_or(Task::None, Task::Prompt));
         let encodings = py
-            .detach(|| self.embedder.encode(&texts, &options))
+            .detach(|| self.embedder.tokenize(&texts, &options))
             .map_err(|e| to_py(py, e, Phase::Embed))?;
         Ok(encodings.iter().map(ruri::Encoding::len).collect())
     }
@@ -490,14 +390,7 @@ impl Engine {
     /// The ONNX Runtime library this process loaded, if any.
     #[staticmethod]
     fn loaded_runtime_path() -> Option<PathBuf> {
-        #[cfg(feature = "ort")]
-        {
-            ruri::ort::loaded_runtime_path()
-        }
-        #[cfg(not(feature = "ort"))]
-        {
-            None
-        }
+        BackendKind::Ort.loaded_runtime_path()
     }
 }
 
@@ -538,20 +431,13 @@ fn texts_of(py: Python<'_>, sentences: &Bound<'_, PyList>) -> PyResult<Vec<Strin
 fn _ruri(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Engine>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    m.add("BACKENDS", BACKENDS.to_vec())?;
-    m.add("ONNXRUNTIME_VERSION", ort_version())?;
+    let backends: Vec<&str> = BackendKind::COMPILED.iter().map(|b| b.name()).collect();
+    m.add("BACKENDS", backends)?;
+    // "" without the ort backend.
+    m.add(
+        "ONNXRUNTIME_VERSION",
+        BackendKind::Ort.runtime_version().unwrap_or_default(),
+    )?;
     m.add("HUB", cfg!(feature = "hub"))?;
     Ok(())
-}
-
-/// The ONNX Runtime version ruri is tested with ("" without the ort backend).
-fn ort_version() -> &'static str {
-    #[cfg(feature = "ort")]
-    {
-        ruri::ort::ONNXRUNTIME_VERSION
-    }
-    #[cfg(not(feature = "ort"))]
-    {
-        ""
-    }
 }

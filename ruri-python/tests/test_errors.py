@@ -190,3 +190,19 @@ def test_hostile_texts_never_crash_the_process():
     done = run_python(code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "(8, 64)"
+
+
+# The loader's own refusal (ruri::EmbedderConfig::validate), word for word what ruri-server
+# prints for --precision bf16 and --backend candle --precision int8
+# (ruri-server/tests/front_ends.rs checks that the two front ends agree).
+@pytest.mark.parametrize("kwargs,message", [
+    ({"precision": "bf16"},
+     "invalid option precision = bf16: ONNX Runtime runs fp32, int8 and fp16; "
+     "bf16 needs backend candle"),
+    ({"backend": "candle", "precision": "int8"},
+     "invalid option precision = int8: candle runs fp32, bf16 and fp16; int8 needs backend ort"),
+])
+def test_unsupported_combinations_get_the_loaders_error(kwargs, message):
+    with pytest.raises(ruri.InputError) as e:
+        ruri.Embedder(TINY, **kwargs)
+    assert str(e.value) == message

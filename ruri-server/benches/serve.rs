@@ -521,7 +521,10 @@ fn library_child(options: &Options) {
     };
     let embed_options = EmbedOptions::new(task);
     let texts = [options.text.as_str()];
-    let tokens = embedder.encode(&texts, &embed_options).expect("tokenizing")[0].len();
+    let tokens = embedder
+        .tokenize(&texts, &embed_options)
+        .expect("tokenizing")[0]
+        .len();
     for _ in 0..options.warmup {
         embedder
             .embed_with(&texts, &embed_options)

@@ -6,8 +6,9 @@
 
 use std::path::{Path, PathBuf};
 
-use clap::{Parser, ValueEnum};
-use ruri::TextEmbedder;
+use clap::Parser;
+use ruri::cli::WhitespaceArg;
+use ruri::{BackendKind, EmbedderConfig, Precision};
 
 use crate::{Config, describe};
 
@@ -67,39 +68,8 @@ pub struct Args {
     pub max_merge_tokens: usize,
 }
 
-/// `--backend`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum BackendArg {
-    /// ONNX Runtime (fp32, int8, fp16 ONNX files).
-    Ort,
-    /// candle on the CPU (fp32, bf16, fp16 from model.safetensors).
-    Candle,
-}
-
-/// `--precision`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Precision {
-    /// 32-bit floats (both backends).
-    Fp32,
-    /// The int8 (quantized) ONNX file (ort).
-    Int8,
-    /// 16-bit floats (ort: an fp16 ONNX file; candle: the dtype).
-    Fp16,
-    /// bfloat16 (candle).
-    Bf16,
-}
-
-/// `--whitespace`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum WhitespaceArg {
-    /// Prompt + text as given (sentence-transformers ≥ 5.4).
-    Keep,
-    /// Strip prompt + text as Python's str.strip() (sentence-transformers 2.x–5.3, what Ruri
-    /// v3 was trained with and most existing indexes were built with).
-    Strip,
-}
-
-/// The model flags.
+/// The model flags: the facade's vocabulary ([`ruri::BackendKind`], [`ruri::Precision`]),
+/// each flag with its `RURI_*` variable, and `--model` required.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ModelArgs {
     /// Model folder (sentence-transformers layout, or an ONNX port), or a Hugging Face Hub
@@ -112,10 +82,10 @@ pub struct ModelArgs {
     #[arg(long, env = "RURI_REVISION")]
     pub revision: Option<String>,
     /// Inference backend.
-    #[arg(long, env = "RURI_BACKEND", value_enum, default_value_t = BackendArg::Ort)]
-    pub backend: BackendArg,
-    /// Weights precision (ort: of its graph built from model.safetensors, or else which ONNX
-    /// file of the folder runs; candle: the dtype).
+    #[arg(long, env = "RURI_BACKEND", value_enum, default_value_t = BackendKind::Ort)]
+    pub backend: BackendKind,
+    /// Weights precision (ort: of its graph built from model.safetensors, which int8 quantizes
+    /// at load, or else which ONNX file of the folder runs; candle: the dtype).
     #[arg(long, env = "RURI_PRECISION", value_enum, default_value_t = Precision::Fp32)]
     pub precision: Precision,
     /// Run this ONNX file (relative to the model folder, or absolute) instead of the one
@@ -127,201 +97,30 @@ pub struct ModelArgs {
     pub whitespace: WhitespaceArg,
 }
 
-impl ModelArgs {
-    /// Refuses what cannot work before the server listens: a precision the backend lacks, a
-    /// backend this binary was built without, `--onnx-file` with candle.
-    pub fn check(&self) -> Result<(), String> {
-        if let Some((_, reason)) = unsupported(self.backend, self.precision) {
-            return Err(format!("--precision {reason}"));
-        }
-        if self.onnx_file.is_some() && self.backend == BackendArg::Candle {
-            return Err("--onnx-file needs --backend ort (candle reads model.safetensors)".into());
-        }
-        if let Some(feature) = missing_feature(self.backend) {
-            return Err(format!(
-                "this ruri-server was built without the {feature:?} feature, so --backend \
-                 {feature} is unavailable (build it with --features {feature})"
-            ));
-        }
-        Ok(())
-    }
-
-    fn whitespace(&self) -> ruri::Whitespace {
-        match self.whitespace {
-            WhitespaceArg::Keep => ruri::Whitespace::Keep,
-            WhitespaceArg::Strip => ruri::Whitespace::Strip,
-        }
-    }
-
-    /// Loads the model with the chosen backend and precision; `threads` and `sessions` are
-    /// ONNX Runtime's (candle ignores them). A precision the backend lacks is
-    /// [`ruri::Error::InvalidOption`].
-    pub fn load(
-        &self,
-        threads: Option<usize>,
-        sessions: Option<usize>,
-    ) -> ruri::Result<TextEmbedder> {
-        if let Some((value, reason)) = unsupported(self.backend, self.precision) {
-            return Err(ruri::Error::InvalidOption {
-                name: "--precision",
-                value: value.into(),
-                reason,
-            });
-        }
-        match self.backend {
-            BackendArg::Ort => self.load_ort(threads, sessions),
-            BackendArg::Candle => self.load_candle(),
-        }
-    }
-
-    #[cfg(feature = "ort")]
-    fn load_ort(
-        &self,
-        threads: Option<usize>,
-        sessions: Option<usize>,
-    ) -> ruri::Result<TextEmbedder> {
-        use ruri::ort::Precision as OrtPrecision;
-        let precision = match self.precision {
-            Precision::Int8 => OrtPrecision::Int8,
-            Precision::Fp16 => OrtPrecision::Fp16,
-            Precision::Fp32 | Precision::Bf16 => OrtPrecision::Fp32,
-        };
-        let mut builder = ruri::ort::builder()
-            .precision(precision)
-            .whitespace(self.whitespace());
-        if let Some(file) = &self.onnx_file {
-            builder = builder.onnx_file(file);
-        }
-        if let Some(threads) = threads {
-            builder = builder.intra_threads(threads);
-        }
-        if let Some(sessions) = sessions {
-            builder = builder.sessions(sessions);
-        }
-        self.source()?.build_ort(builder)
-    }
-
-    #[cfg(not(feature = "ort"))]
-    fn load_ort(&self, _: Option<usize>, _: Option<usize>) -> ruri::Result<TextEmbedder> {
-        Err(feature_error("ort"))
-    }
-
-    #[cfg(feature = "candle")]
-    fn load_candle(&self) -> ruri::Result<TextEmbedder> {
-        use ruri::candle::DType;
-        let dtype = match self.precision {
-            Precision::Bf16 => DType::BF16,
-            Precision::Fp16 => DType::F16,
-            Precision::Fp32 | Precision::Int8 => DType::F32,
-        };
-        let builder = ruri::candle::builder()
-            .dtype(dtype)
-            .whitespace(self.whitespace());
-        self.source()?.build_candle(builder)
-    }
-
-    /// `--model` and `--revision`.
-    #[cfg(any(feature = "ort", feature = "candle"))]
-    fn source(&self) -> ruri::Result<Source> {
-        Source::parse(&self.model, self.revision.as_deref())
-    }
-
-    #[cfg(not(feature = "candle"))]
-    fn load_candle(&self) -> ruri::Result<TextEmbedder> {
-        Err(feature_error("candle"))
-    }
-}
-
-/// `--model`: a folder, or (with the `hub` feature) a Hub model id.
-#[cfg(feature = "hub")]
-struct Source(ruri::hub::ModelSource);
-
-#[cfg(feature = "hub")]
-impl Source {
-    fn parse(model: &Path, revision: Option<&str>) -> ruri::Result<Self> {
-        ruri::hub::ModelSource::parse(model, revision).map(Source)
-    }
-}
-
-/// `--model`: a folder only (this build has no `hub` feature).
-#[cfg(not(feature = "hub"))]
-struct Source(PathBuf);
-
-#[cfg(not(feature = "hub"))]
-impl Source {
-    fn parse(model: &Path, revision: Option<&str>) -> ruri::Result<Self> {
-        match revision {
-            Some(revision) => Err(ruri::Error::InvalidOption {
-                name: "--revision",
-                value: revision.to_owned(),
-                reason: "this ruri-server was built without the `hub` feature: --model takes a \
-                         folder only",
-            }),
-            None => Ok(Source(model.to_path_buf())),
-        }
-    }
-}
-
-impl Source {
-    #[cfg(feature = "ort")]
-    fn build_ort(self, builder: ruri::ort::OrtBuilder) -> ruri::Result<TextEmbedder> {
-        #[cfg(feature = "hub")]
-        return builder.build(self.0);
-        #[cfg(not(feature = "hub"))]
-        return builder.build_from_dir(self.0);
-    }
-
-    #[cfg(feature = "candle")]
-    fn build_candle(self, builder: ruri::candle::CandleBuilder) -> ruri::Result<TextEmbedder> {
-        #[cfg(feature = "hub")]
-        return builder.build(self.0);
-        #[cfg(not(feature = "hub"))]
-        return builder.build_from_dir(self.0);
-    }
-}
-
-#[cfg(not(all(feature = "ort", feature = "candle")))]
-fn feature_error(feature: &'static str) -> ruri::Error {
-    ruri::Error::InvalidOption {
-        name: "--backend",
-        value: feature.into(),
-        reason: "this ruri-server was built without that backend's feature",
-    }
-}
-
-/// The cargo feature `backend` needs, when this build lacks it.
-fn missing_feature(backend: BackendArg) -> Option<&'static str> {
-    match backend {
-        BackendArg::Ort if cfg!(not(feature = "ort")) => Some("ort"),
-        BackendArg::Candle if cfg!(not(feature = "candle")) => Some("candle"),
-        _ => None,
-    }
-}
-
-/// The `--precision` value and the reason, when the backend cannot run that precision.
-fn unsupported(backend: BackendArg, precision: Precision) -> Option<(&'static str, &'static str)> {
-    match (backend, precision) {
-        (BackendArg::Ort, Precision::Bf16) => Some(("bf16", "bf16 needs --backend candle")),
-        (BackendArg::Candle, Precision::Int8) => {
-            Some(("int8", "int8 needs --backend ort (an int8 ONNX file)"))
-        }
-        _ => None,
-    }
-}
-
 impl Args {
-    /// Checks the flags together and turns them into the server's [`Config`], reading
-    /// `RURI_API_KEY` from the environment.
-    pub fn config(&self) -> Result<Config, String> {
-        self.model.check()?;
-        if self.model.backend == BackendArg::Candle
-            && (self.threads.is_some() || self.sessions.is_some())
-        {
-            return Err(
-                "--threads and --sessions are ONNX Runtime options (candle follows RAYON_NUM_THREADS)"
-                    .into(),
-            );
+    /// The loader's configuration these flags ask for (not yet validated).
+    pub fn embedder_config(&self) -> EmbedderConfig {
+        let model = &self.model;
+        let config = EmbedderConfig::new()
+            .backend(model.backend)
+            .precision(model.precision)
+            .whitespace(model.whitespace.into())
+            .threads(self.threads)
+            .sessions(self.sessions);
+        match &model.onnx_file {
+            Some(file) => config.onnx_file(file),
+            None => config,
         }
+    }
+
+    /// Checks the flags together and turns them into the server's [`Config`], reading
+    /// `RURI_API_KEY` from the environment. What the loader cannot run (a precision the
+    /// backend lacks, a backend this binary was built without, `--onnx-file` or `--threads`
+    /// with candle) is refused here, before the server listens.
+    pub fn config(&self) -> Result<Config, String> {
+        self.embedder_config()
+            .validate()
+            .map_err(|e| describe(&e))?;
         for (name, value) in [
             ("--max-inputs", self.max_inputs),
             ("--max-queue-tokens", self.max_queue_tokens),
@@ -401,8 +200,8 @@ pub fn run(args: Args) -> Result<(), String> {
             args.model.precision
         );
         let (router, worker) = crate::start(config, move || {
-            args.model
-                .load(args.threads, args.sessions)
+            args.embedder_config()
+                .build_from_arg(&args.model.model, args.model.revision.as_deref())
                 .map_err(|e| describe(&e))
         })
         .map_err(|e| format!("cannot start the model thread: {e}"))?;
@@ -470,11 +269,11 @@ mod tests {
         let error = config(&["--backend", "candle", "--threads", "2"]).unwrap_err();
         assert!(error.contains("ONNX Runtime options"), "{error}");
         let error = config(&["--precision", "bf16"]).unwrap_err();
-        assert!(error.contains("--backend candle"), "{error}");
+        assert!(error.contains("bf16 needs backend candle"), "{error}");
         let error = config(&["--backend", "candle", "--precision", "int8"]).unwrap_err();
-        assert!(error.contains("--backend ort"), "{error}");
+        assert!(error.contains("int8 needs backend ort"), "{error}");
         let error = config(&["--backend", "candle", "--onnx-file", "x.onnx"]).unwrap_err();
-        assert!(error.contains("--onnx-file"), "{error}");
+        assert!(error.contains("onnx_file = x.onnx"), "{error}");
         let error = config(&["--max-inputs", "0"]).unwrap_err();
         assert!(error.contains("--max-inputs must be positive"), "{error}");
         let error = config(&["--sessions", "0"]).unwrap_err();

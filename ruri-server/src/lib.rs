@@ -263,16 +263,10 @@ pub fn shutdown_signal() -> std::io::Result<impl Future<Output = ()> + Send + 's
     })
 }
 
-/// Formats an error with its chain of causes, `outer: cause: root cause`.
+/// An error with its chain of causes, `outer: cause: root cause`: ruri's one formatter,
+/// [`ruri::error_chain`], as the `String` the model thread and the routes report.
 pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
+    ruri::error_chain(e).to_string()
 }
 
 fn catch_panic(load: impl FnOnce() -> LoadResult) -> LoadResult {

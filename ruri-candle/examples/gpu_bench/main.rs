@@ -181,13 +181,8 @@ fn main() {
     match run(&args) {
         Ok(all_passed) => std::process::exit(if all_passed { 0 } else { 1 }),
         Err(e) => {
-            let mut message = format!("gpu_bench: {e}");
-            let mut source = e.source();
-            while let Some(cause) = source {
-                message.push_str(&format!("\n  caused by: {cause}"));
-                source = cause.source();
-            }
-            eprintln!("{message}");
+            // One cause a line: a CUDA failure's chain is long.
+            eprintln!("gpu_bench: {:#}", ruri_core::error_chain(&*e));
             std::process::exit(1);
         }
     }

@@ -12,9 +12,6 @@ use std::path::{Path, PathBuf};
 
 use ruri_core::{Error, ModelConfig, Result};
 
-/// The tensor that tells whether a checkpoint uses the `model.` prefix.
-const PROBE: &str = "embeddings.tok_embeddings.weight";
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Dtype {
     F32,
@@ -126,15 +123,7 @@ impl Safetensors {
                 },
             );
         }
-        let prefix = if entries.contains_key(PROBE) {
-            ""
-        } else if entries.contains_key(&format!("model.{PROBE}")) {
-            "model."
-        } else {
-            return Err(invalid(format!(
-                "no {PROBE} tensor, with or without a `model.` prefix: not a ModernBERT checkpoint"
-            )));
-        };
+        let prefix = ruri_core::checkpoint_prefix(path, |name| entries.contains_key(name))?;
         let this = Self {
             path: path.to_path_buf(),
             file,

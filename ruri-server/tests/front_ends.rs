@@ -1,0 +1,208 @@
+//! Every front end reaches the same loader configuration (`ruri::EmbedderConfig`) and the
+//! same refusal for every backend × precision × graph: the examples' flags
+//! (`ruri::cli::ModelArgs`), ruri-server's flags and its `RURI_*` variables, and the names
+//! ruri-python's constructor parses (`EmbedderConfig::from_names`, which `ruri._ruri.Engine`
+//! calls). Front ends choose the graph only through `--onnx-file` (an ONNX file, or the
+//! automatic choice); the fused-graph combinations are checked on the config itself in the
+//! facade's unit tests.
+//!
+//! One test in this binary: it sets `RURI_*` variables of the process, which no other test
+//! may read meanwhile.
+
+use std::ffi::OsString;
+
+use clap::Parser;
+use ruri::{BackendKind, EmbedderConfig, Error, Precision, Whitespace};
+
+/// The examples' command line: the facade's model flags, as `examples/embed.rs` flattens them.
+#[derive(Parser)]
+struct ExampleArgs {
+    #[command(flatten)]
+    model: ruri::cli::ModelArgs,
+}
+
+/// The refusal the loader owes each combination, as (option, value): written from the
+/// backends' documented precisions (ort: fp32, int8, fp16; candle: fp32, bf16, fp16, and no
+/// ONNX files), not computed by the loader.
+fn refusal(
+    backend: &str,
+    precision: &str,
+    onnx_file: bool,
+) -> Option<(&'static str, &'static str)> {
+    match (backend, precision, onnx_file) {
+        ("ort", "bf16", _) => Some(("precision", "bf16")),
+        ("candle", "int8", _) => Some(("precision", "int8")),
+        ("candle", _, true) => Some(("onnx_file", "model.onnx")),
+        _ => None,
+    }
+}
+
+/// An `InvalidOption`'s option and value, with its whole message.
+fn refused(result: ruri::Result<()>) -> Option<(&'static str, String, String)> {
+    let error = result.err()?;
+    let message = ruri::error_chain(&error).to_string();
+    match error {
+        Error::InvalidOption { name, value, .. } => Some((name, value, message)),
+        other => panic!("not an InvalidOption: {other}"),
+    }
+}
+
+/// Makes `vars` the process's only `RURI_*` variables: a variable left by an earlier case
+/// would otherwise stand in for a flag the next case leaves out.
+fn set_ruri_env(vars: &[(&str, &str)]) {
+    let names: Vec<OsString> = std::env::vars_os()
+        .map(|(name, _)| name)
+        .filter(|name| name.to_string_lossy().starts_with("RURI_"))
+        .collect();
+    // SAFETY: this binary's only test runs on one thread, and nothing else reads the
+    // environment meanwhile (see the module docs).
+    unsafe {
+        for name in names {
+            std::env::remove_var(name);
+        }
+        for (name, value) in vars {
+            std::env::set_var(name, value);
+        }
+    }
+}
+
+/// ruri-server's command line with `flags` and no `RURI_*` variable.
+fn server_from_flags(flags: &[&str]) -> ruri_server::cli::Args {
+    set_ruri_env(&[]);
+    ruri_server::cli::Args::try_parse_from(flags).expect("parsing the flags")
+}
+
+/// ruri-server's command line with no flag and the `RURI_*` variables `vars`.
+fn server_from_env(vars: &[(&str, &str)]) -> ruri_server::cli::Args {
+    set_ruri_env(vars);
+    ruri_server::cli::Args::try_parse_from(["ruri-server"]).expect("parsing the environment")
+}
+
+#[test]
+fn every_front_end_reaches_the_same_config_and_the_same_refusal() {
+    let mut checked = 0;
+    for backend in ["ort", "candle"] {
+        for precision in ["fp32", "int8", "fp16", "bf16"] {
+            for whitespace in ["keep", "strip"] {
+                for onnx_file in [false, true] {
+                    let case = format!("{backend} {precision} {whitespace} onnx_file={onnx_file}");
+                    let mut flags = vec![
+                        "--model",
+                        "m",
+                        "--backend",
+                        backend,
+                        "--precision",
+                        precision,
+                        "--whitespace",
+                        whitespace,
+                    ];
+                    let mut vars = vec![
+                        ("RURI_MODEL", "m"),
+                        ("RURI_BACKEND", backend),
+                        ("RURI_PRECISION", precision),
+                        ("RURI_WHITESPACE", whitespace),
+                    ];
+                    if onnx_file {
+                        flags.extend(["--onnx-file", "model.onnx"]);
+                        vars.push(("RURI_ONNX_FILE", "model.onnx"));
+                    }
+
+                    // The configuration each flag documents, spelled with the setters.
+                    let mut wanted = EmbedderConfig::new()
+                        .backend(match backend {
+                            "ort" => BackendKind::Ort,
+                            _ => BackendKind::Candle,
+                        })
+                        .precision(match precision {
+                            "fp32" => Precision::Fp32,
+                            "int8" => Precision::Int8,
+                            "fp16" => Precision::Fp16,
+                            _ => Precision::Bf16,
+                        })
+                        .whitespace(match whitespace {
+                            "keep" => Whitespace::Keep,
+                            _ => Whitespace::Strip,
+                        });
+                    if onnx_file {
+                        wanted = wanted.onnx_file("model.onnx");
+                    }
+
+                    let mut argv = vec!["prog"];
+                    argv.extend(&flags);
+                    let example = ExampleArgs::try_parse_from(&argv).unwrap().model.config();
+                    let server = server_from_flags(&argv).embedder_config();
+                    let server_env = server_from_env(&vars).embedder_config();
+                    let mut front_ends = vec![
+                        ("examples", example),
+                        ("server flags", server),
+                        ("server environment", server_env),
+                    ];
+                    // ruri-python has no onnx_file argument.
+                    if !onnx_file {
+                        let python =
+                            EmbedderConfig::from_names(backend, precision, whitespace).unwrap();
+                        front_ends.push(("python", python));
+                    }
+
+                    let expected = refusal(backend, precision, onnx_file);
+                    let mut messages = Vec::new();
+                    for (front_end, config) in &front_ends {
+                        assert_eq!(config, &wanted, "{front_end}: {case}");
+                        let got = refused(config.validate());
+                        assert_eq!(
+                            got.as_ref().map(|(name, value, _)| (*name, value.as_str())),
+                            expected,
+                            "{front_end}: {case}"
+                        );
+                        messages.push(got.map(|(_, _, message)| message));
+                    }
+                    assert!(
+                        messages.windows(2).all(|pair| pair[0] == pair[1]),
+                        "{case}: {messages:?}"
+                    );
+                    // The server refuses before listening with that same message.
+                    let server = server_from_flags(&argv);
+                    match (server.config(), &messages[0]) {
+                        (Ok(_), None) => {}
+                        (Err(message), Some(expected)) => assert_eq!(&message, expected, "{case}"),
+                        (got, expected) => {
+                            panic!("{case}: config() gave {got:?}, wanted {expected:?}")
+                        }
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(checked, 2 * 4 * 2 * 2);
+
+    // ONNX Runtime's options with candle: the server's flags, its variables and Python's
+    // keyword get one refusal (ruri's Python package raises UnsupportedArgumentError before
+    // the engine sees them; the engine would give this same error).
+    let flags = server_from_flags(&[
+        "ruri-server",
+        "--model",
+        "m",
+        "--backend",
+        "candle",
+        "--threads",
+        "2",
+    ])
+    .embedder_config();
+    let env = server_from_env(&[
+        ("RURI_MODEL", "m"),
+        ("RURI_BACKEND", "candle"),
+        ("RURI_THREADS", "2"),
+    ])
+    .embedder_config();
+    let python = EmbedderConfig::from_names("candle", "fp32", "keep")
+        .unwrap()
+        .threads(2);
+    for config in [&flags, &env, &python] {
+        assert_eq!(config, &python);
+        let (name, value, message) = refused(config.validate()).expect("refused");
+        assert_eq!((name, value.as_str()), ("threads", "2"));
+        assert!(message.contains("ONNX Runtime options"), "{message}");
+    }
+    set_ruri_env(&[]);
+}

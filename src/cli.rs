@@ -1,0 +1,87 @@
+//! Command-line flags for the model (the `clap` feature): [`ModelArgs`], what the
+//! repository's examples take, turned into an [`EmbedderConfig`] by [`ModelArgs::config`].
+//!
+//! ```
+//! use clap::Parser;
+//! use ruri::{BackendKind, EmbedderConfig, Precision};
+//!
+//! #[derive(Parser)]
+//! struct Args {
+//!     #[command(flatten)]
+//!     model: ruri::cli::ModelArgs,
+//! }
+//!
+//! let args = Args::parse_from(["prog", "--backend", "candle", "--precision", "bf16"]);
+//! let wanted = EmbedderConfig::new().backend(BackendKind::Candle).precision(Precision::Bf16);
+//! assert_eq!(args.model.config(), wanted);
+//! ```
+
+use std::path::PathBuf;
+
+use clap::ValueEnum;
+use ruri_core::Whitespace;
+
+use crate::{BackendKind, EmbedderConfig, Precision};
+
+/// `--whitespace`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WhitespaceArg {
+    /// Prompt + text as given (sentence-transformers ≥ 5.4).
+    Keep,
+    /// Strip prompt + text as Python's str.strip() (sentence-transformers 2.x–5.3, what Ruri
+    /// v3 was trained with and most existing indexes were built with).
+    Strip,
+}
+
+impl From<WhitespaceArg> for Whitespace {
+    fn from(arg: WhitespaceArg) -> Self {
+        match arg {
+            WhitespaceArg::Keep => Whitespace::Keep,
+            WhitespaceArg::Strip => Whitespace::Strip,
+        }
+    }
+}
+
+/// The model flags: `--model`, `--revision`, `--backend`, `--precision`, `--onnx-file`,
+/// `--whitespace`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ModelArgs {
+    /// Model folder (sentence-transformers layout, or an ONNX port), or a Hugging Face Hub
+    /// model id (org/name: only the files the backend and precision need are downloaded into
+    /// the Hub's cache; HF_ENDPOINT, HF_HUB_CACHE, HF_TOKEN, HF_HUB_OFFLINE apply). An
+    /// existing folder wins over an id. Default: the committed tiny random-weight test model.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Branch, tag or commit of a Hub model id (default: main).
+    #[arg(long)]
+    pub revision: Option<String>,
+    /// Inference backend.
+    #[arg(long, value_enum, default_value_t = BackendKind::Ort)]
+    pub backend: BackendKind,
+    /// Weights precision (ort: of its graph built from model.safetensors, or else which ONNX
+    /// file of the folder runs; candle: the dtype).
+    #[arg(long, value_enum, default_value_t = Precision::Fp32)]
+    pub precision: Precision,
+    /// Run this ONNX file (relative to the model folder, or absolute) instead of the one
+    /// --precision finds (ort only).
+    #[arg(long)]
+    pub onnx_file: Option<PathBuf>,
+    /// Whitespace at the ends of prompt + text.
+    #[arg(long, value_enum, default_value_t = WhitespaceArg::Keep)]
+    pub whitespace: WhitespaceArg,
+}
+
+impl ModelArgs {
+    /// The configuration these flags ask for (not yet validated:
+    /// [`EmbedderConfig::validate`], or any `build_*`, does that).
+    pub fn config(&self) -> EmbedderConfig {
+        let config = EmbedderConfig::new()
+            .backend(self.backend)
+            .precision(self.precision)
+            .whitespace(self.whitespace.into());
+        match &self.onnx_file {
+            Some(file) => config.onnx_file(file),
+            None => config,
+        }
+    }
+}

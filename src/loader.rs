@@ -1,0 +1,1001 @@
+//! One loader for every front end: backend + precision + options → [`TextEmbedder`].
+//!
+//! The command lines (the examples, `ruri-server`) and the Python package all describe the
+//! model they want as an [`EmbedderConfig`] and load it here, so a backend, a precision or an
+//! option means the same everywhere, and a combination that cannot run is refused by one
+//! function, [`EmbedderConfig::validate`], with one typed error.
+//!
+//! This is the only file of the facade whose code depends on the backend features (lib.rs
+//! only re-exports the backend crates). Adding a backend, e.g. `native`:
+//!
+//! 1. a [`BackendKind`] variant, listed in [`BackendKind::ALL`] and, under its feature, in
+//!    [`BackendKind::COMPILED`];
+//! 2. one arm in each `match` on it: `name`, `is_compiled`, `not_compiled`,
+//!    [`EmbedderConfig::validate`] (its precisions and options) and `EmbedderConfig::load`
+//!    (the compiler lists a forgotten one: these have no wildcard), and its name in
+//!    `from_str` (and in `runtime_version`/`loaded_runtime_path` if it loads a shared
+//!    library, else their `None` is right);
+//! 3. one `load_<backend>` pair: the builder call with the feature, the typed error without;
+//! 4. [`BackendKind::best`], if it becomes the best backend compiled in.
+//!
+//! Then the cargo feature (`native = ["dep:ruri-native"]`) and its re-export in lib.rs. No
+//! front end changes: `--backend native`, `RURI_BACKEND=native` and `backend="native"` parse
+//! through [`BackendKind`].
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use ruri_core::{BatchOptions, Error, Result, TextEmbedder, Whitespace};
+
+/// Which engine runs the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[non_exhaustive]
+pub enum BackendKind {
+    /// ONNX Runtime: fp32, int8 and fp16; ruri's own graph built from `model.safetensors`
+    /// (fp32, int8 quantized at load) or the folder's ONNX files.
+    Ort,
+    /// candle on the CPU (or CUDA with the `cuda` feature): fp32, bf16 and fp16 from
+    /// `model.safetensors`.
+    Candle,
+    /// ruri's own pure-Rust engine: fp32, and int8 with exact integer kernels (the same
+    /// vector on every CPU), from `model.safetensors`.
+    Native,
+}
+
+impl BackendKind {
+    /// Every backend ruri knows, compiled in or not.
+    pub const ALL: &'static [BackendKind] =
+        &[BackendKind::Ort, BackendKind::Candle, BackendKind::Native];
+
+    /// The backends this build has (their cargo features are on), best first.
+    pub const COMPILED: &'static [BackendKind] = &[
+        #[cfg(feature = "ort")]
+        BackendKind::Ort,
+        #[cfg(feature = "candle")]
+        BackendKind::Candle,
+        #[cfg(feature = "native")]
+        BackendKind::Native,
+    ];
+
+    /// The best backend compiled in, the default of [`EmbedderConfig`] and
+    /// [`from_pretrained`](crate::from_pretrained): ONNX Runtime, the fastest on CPUs, when
+    /// this build has it; else candle. With neither, `Ort`, whose [`validate`] then names the
+    /// feature to turn on. This is the one place that choice is made.
+    ///
+    /// [`validate`]: EmbedderConfig::validate
+    pub const fn best() -> BackendKind {
+        if cfg!(feature = "ort") || cfg!(not(feature = "candle")) {
+            BackendKind::Ort
+        } else {
+            BackendKind::Candle
+        }
+    }
+
+    /// The name front ends spell it with (`"ort"`, `"candle"`), which is also its cargo
+    /// feature.
+    pub const fn name(self) -> &'static str {
+        match self {
+            BackendKind::Ort => "ort",
+            BackendKind::Candle => "candle",
+            BackendKind::Native => "native",
+        }
+    }
+
+    /// Whether this build has the backend (its cargo feature is on).
+    pub const fn is_compiled(self) -> bool {
+        match self {
+            BackendKind::Ort => cfg!(feature = "ort"),
+            BackendKind::Candle => cfg!(feature = "candle"),
+            BackendKind::Native => cfg!(feature = "native"),
+        }
+    }
+
+    /// The version of the shared library the backend loads at run time that ruri is built
+    /// and tested against (ONNX Runtime's for ort); `None` for a backend linked in whole
+    /// (candle) or not compiled in.
+    pub fn runtime_version(self) -> Option<&'static str> {
+        match self {
+            #[cfg(feature = "ort")]
+            BackendKind::Ort => Some(ruri_ort::ONNXRUNTIME_VERSION),
+            _ => None,
+        }
+    }
+
+    /// The shared library this process loaded for the backend, once a model of it was built
+    /// (ONNX Runtime's for ort); `None` before, or for a backend without one.
+    pub fn loaded_runtime_path(self) -> Option<PathBuf> {
+        match self {
+            #[cfg(feature = "ort")]
+            BackendKind::Ort => ruri_ort::loaded_runtime_path(),
+            _ => None,
+        }
+    }
+
+    /// The error for a backend this build lacks.
+    fn not_compiled(self) -> Error {
+        Error::InvalidOption {
+            name: "backend",
+            value: self.name().into(),
+            reason: match self {
+                BackendKind::Ort => {
+                    "this build of ruri has no `ort` feature (build it with --features ort)"
+                }
+                BackendKind::Candle => {
+                    "this build of ruri has no `candle` feature (build it with --features candle)"
+                }
+                BackendKind::Native => {
+                    "this build of ruri has no `native` feature (build it with --features native)"
+                }
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for BackendKind {
+    type Err = Error;
+
+    /// `"ort"`, `"candle"` or `"native"`, whether compiled in or not (building says which
+    /// feature is missing); anything else is [`Error::InvalidOption`].
+    fn from_str(name: &str) -> Result<Self> {
+        match name {
+            "ort" => Ok(BackendKind::Ort),
+            "candle" => Ok(BackendKind::Candle),
+            "native" => Ok(BackendKind::Native),
+            _ => Err(Error::InvalidOption {
+                name: "backend",
+                value: name.into(),
+                reason: "unknown backend; known: ort, candle, native",
+            }),
+        }
+    }
+}
+
+/// The precision weights run in, one vocabulary for every backend (each runs some of them:
+/// see [`EmbedderConfig::validate`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[non_exhaustive]
+pub enum Precision {
+    /// 32-bit floats (every backend): equal to sentence-transformers within 1e-5.
+    #[default]
+    Fp32,
+    /// int8 (ort, native): quantized at load from `model.safetensors` (ort's graph, or the
+    /// native engine's exact kernels), or ort on the folder's int8 ONNX file.
+    Int8,
+    /// IEEE half precision (ort: an fp16 ONNX file; candle: the dtype).
+    Fp16,
+    /// bfloat16 (candle).
+    Bf16,
+}
+
+impl Precision {
+    /// Every precision.
+    pub const ALL: &'static [Precision] = &[
+        Precision::Fp32,
+        Precision::Int8,
+        Precision::Fp16,
+        Precision::Bf16,
+    ];
+
+    /// The name command lines spell it with: `fp32`, `int8`, `fp16`, `bf16`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Int8 => "int8",
+            Precision::Fp16 => "fp16",
+            Precision::Bf16 => "bf16",
+        }
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Precision {
+    type Err = Error;
+
+    /// The command-line names, and the spellings Python users write (`float32`, `f32`,
+    /// `float16`, `f16`, `bfloat16`, as torch and NumPy name dtypes); anything else is
+    /// [`Error::InvalidOption`].
+    fn from_str(name: &str) -> Result<Self> {
+        match name {
+            "fp32" | "f32" | "float32" => Ok(Precision::Fp32),
+            "int8" => Ok(Precision::Int8),
+            "fp16" | "f16" | "float16" => Ok(Precision::Fp16),
+            "bf16" | "bfloat16" => Ok(Precision::Bf16),
+            _ => Err(Error::InvalidOption {
+                name: "precision",
+                value: name.into(),
+                reason: "unknown precision; known: fp32, int8, fp16, bf16",
+            }),
+        }
+    }
+}
+
+/// What ONNX Runtime runs (the ort backend; other backends take only [`Graph::Auto`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Graph {
+    /// ruri's own graph when the folder has `model.safetensors` and the precision is fp32 or
+    /// int8, else the folder's ONNX file (the default); an
+    /// [`onnx_file`](EmbedderConfig::onnx_file) always runs that file.
+    #[default]
+    Auto,
+    /// ruri's own graph, built in process from `model.safetensors` (fp32, int8).
+    Fused,
+    /// The folder's ONNX file for the precision, or [`EmbedderConfig::onnx_file`].
+    OnnxFile,
+}
+
+impl Graph {
+    /// `auto`, `fused`, `onnx-file`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Graph::Auto => "auto",
+            Graph::Fused => "fused",
+            Graph::OnnxFile => "onnx-file",
+        }
+    }
+}
+
+/// Everything that decides how a model is loaded: the backend, the precision and the
+/// options, in one vocabulary. Setters never fail; [`validate`](Self::validate) (which every
+/// `build_*` calls first) refuses what cannot run.
+///
+/// ```
+/// use ruri::{BackendKind, EmbedderConfig, Precision};
+///
+/// # let folder = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/tiny");
+/// // `folder`: a Ruri v3 folder (here the repository's tiny random-weight test model).
+/// # #[cfg(feature = "ort")] {
+/// let embedder = EmbedderConfig::new()
+///     .backend(BackendKind::Ort)
+///     .precision(Precision::Int8)
+///     .threads(1)
+///     .build_from_dir(folder)?;
+/// assert_eq!(embedder.embed_query("瑠璃色はどんな色？")?.len(), embedder.dim());
+/// # }
+///
+/// // One typed error for a combination no backend runs, before anything is read.
+/// let refused = EmbedderConfig::new()
+///     .backend(BackendKind::Candle)
+///     .precision(Precision::Int8)
+///     .build_from_dir(folder);
+/// assert!(matches!(refused, Err(ruri::Error::InvalidOption { name: "precision", .. })));
+/// # Ok::<(), ruri::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub struct EmbedderConfig {
+    backend: BackendKind,
+    precision: Precision,
+    graph: Graph,
+    whitespace: Whitespace,
+    onnx_file: Option<PathBuf>,
+    runtime_path: Option<PathBuf>,
+    threads: Option<usize>,
+    sessions: Option<usize>,
+    batching: Option<BatchOptions>,
+}
+
+impl Default for EmbedderConfig {
+    /// The best backend compiled in ([`BackendKind::best`]), fp32, the automatic graph,
+    /// [`Whitespace::Keep`], and each backend's own defaults for the rest.
+    fn default() -> Self {
+        Self {
+            backend: BackendKind::best(),
+            precision: Precision::Fp32,
+            graph: Graph::Auto,
+            whitespace: Whitespace::Keep,
+            onnx_file: None,
+            runtime_path: None,
+            threads: None,
+            sessions: None,
+            batching: None,
+        }
+    }
+}
+
+impl EmbedderConfig {
+    /// The defaults ([`EmbedderConfig::default`]).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A configuration from the names a configuration file, an environment or Python gives:
+    /// `backend` as [`BackendKind::from_str`], `precision` as [`Precision::from_str`],
+    /// `whitespace` `"keep"` or `"strip"`. An unknown name is [`Error::InvalidOption`]; the
+    /// combination is checked by [`validate`](Self::validate).
+    pub fn from_names(backend: &str, precision: &str, whitespace: &str) -> Result<Self> {
+        let whitespace = match whitespace {
+            "keep" => Whitespace::Keep,
+            "strip" => Whitespace::Strip,
+            _ => {
+                return Err(Error::InvalidOption {
+                    name: "whitespace",
+                    value: whitespace.into(),
+                    reason: "unknown whitespace policy; known: keep, strip",
+                });
+            }
+        };
+        Ok(Self::new()
+            .backend(backend.parse()?)
+            .precision(precision.parse()?)
+            .whitespace(whitespace))
+    }
+
+    /// The backend (default [`BackendKind::best`]).
+    pub fn backend(mut self, backend: BackendKind) -> Self {
+        self.backend = backend;
+        self
+    }
+
+    /// The precision (default fp32).
+    pub fn precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
+        self
+    }
+
+    /// ort: what ONNX Runtime runs (default [`Graph::Auto`]).
+    pub fn graph(mut self, graph: Graph) -> Self {
+        self.graph = graph;
+        self
+    }
+
+    /// Whitespace policy for prompt + text (default [`Whitespace::Keep`], as
+    /// sentence-transformers ≥ 5.4; [`Whitespace::Strip`] as 2.x–5.3).
+    pub fn whitespace(mut self, whitespace: Whitespace) -> Self {
+        self.whitespace = whitespace;
+        self
+    }
+
+    /// ort: run this ONNX file (relative to the model folder, or absolute) instead of the one
+    /// the precision finds.
+    pub fn onnx_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.onnx_file = Some(path.into());
+        self
+    }
+
+    /// ort: load ONNX Runtime from this shared library instead of searching for it.
+    pub fn runtime_path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.runtime_path = Some(path.into());
+        self
+    }
+
+    /// ort: threads per session inside an operator (`None`, the default: ONNX Runtime's
+    /// choice, one per physical core); native: worker threads (`None`: one per core).
+    pub fn threads(mut self, threads: impl Into<Option<usize>>) -> Self {
+        self.threads = threads.into();
+        self
+    }
+
+    /// ort: sessions running batches at once (`None`, the default: one).
+    pub fn sessions(mut self, sessions: impl Into<Option<usize>>) -> Self {
+        self.sessions = sessions.into();
+        self
+    }
+
+    /// Batch limits of the pipeline (`None`, the default: the backend's advice).
+    pub fn batching(mut self, batching: impl Into<Option<BatchOptions>>) -> Self {
+        self.batching = batching.into();
+        self
+    }
+
+    /// The backend.
+    pub fn get_backend(&self) -> BackendKind {
+        self.backend
+    }
+
+    /// The precision.
+    pub fn get_precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// The whitespace policy.
+    pub fn get_whitespace(&self) -> Whitespace {
+        self.whitespace
+    }
+
+    /// Refuses what cannot run, without reading anything: a precision, graph or option the
+    /// backend lacks, or a backend this build was compiled without. The error is
+    /// [`Error::InvalidOption`] naming the option (`precision`, `graph`, `onnx_file`,
+    /// `threads`, …, or `backend` with the cargo feature to turn on). Options are checked
+    /// before the backend's feature, so a configuration gets the same answer from every
+    /// build that could run it.
+    ///
+    /// | backend | precisions | graph | ort-only options |
+    /// |---|---|---|---|
+    /// | ort | fp32, int8, fp16 (fused graph: fp32, int8) | auto, fused, onnx-file | yes |
+    /// | candle | fp32, bf16, fp16 | auto | refused |
+    /// | native | fp32, int8 | auto | refused but `threads` (its worker threads) |
+    pub fn validate(&self) -> Result<()> {
+        let refuse = |name, value: String, reason| {
+            Err(Error::InvalidOption {
+                name,
+                value,
+                reason,
+            })
+        };
+        match self.backend {
+            BackendKind::Ort => match (self.precision, self.graph) {
+                (Precision::Bf16, _) => refuse(
+                    "precision",
+                    self.precision.to_string(),
+                    "ONNX Runtime runs fp32, int8 and fp16; bf16 needs backend candle",
+                )?,
+                (_, Graph::Fused) if self.onnx_file.is_some() => refuse(
+                    "graph",
+                    Graph::Fused.name().into(),
+                    "an ONNX file was given too; choose one graph",
+                )?,
+                (Precision::Fp16, Graph::Fused) => refuse(
+                    "precision",
+                    self.precision.to_string(),
+                    "the fused graph runs fp32 and int8 (fp16 needs an ONNX file)",
+                )?,
+                _ => {}
+            },
+            BackendKind::Candle => {
+                if self.precision == Precision::Int8 {
+                    refuse(
+                        "precision",
+                        self.precision.to_string(),
+                        "candle runs fp32, bf16 and fp16; int8 needs backend ort or native",
+                    )?;
+                }
+                self.refuse_ort_options(false)?;
+            }
+            BackendKind::Native => {
+                if matches!(self.precision, Precision::Fp16 | Precision::Bf16) {
+                    refuse(
+                        "precision",
+                        self.precision.to_string(),
+                        "the native engine runs fp32 and int8; fp16 and bf16 need backend \
+                         candle (or ort for fp16)",
+                    )?;
+                }
+                self.refuse_ort_options(true)?;
+            }
+        }
+        if !self.backend.is_compiled() {
+            return Err(self.backend.not_compiled());
+        }
+        Ok(())
+    }
+
+    /// The options only ONNX Runtime has, refused for another backend (`threads` too unless
+    /// that backend has worker threads of its own).
+    fn refuse_ort_options(&self, backend_has_threads: bool) -> Result<()> {
+        let refuse = |name, value: String, reason| {
+            Err(Error::InvalidOption {
+                name,
+                value,
+                reason,
+            })
+        };
+        if let Some(file) = &self.onnx_file {
+            refuse(
+                "onnx_file",
+                file.display().to_string(),
+                "needs backend ort (the other backends read model.safetensors)",
+            )?;
+        }
+        if self.graph != Graph::Auto {
+            refuse(
+                "graph",
+                self.graph.name().into(),
+                "an ort option (the other backends read model.safetensors)",
+            )?;
+        }
+        let threads = self.threads.filter(|_| !backend_has_threads);
+        for (name, value) in [("threads", threads), ("sessions", self.sessions)] {
+            if let Some(value) = value {
+                refuse(
+                    name,
+                    value.to_string(),
+                    "an ONNX Runtime option here (candle follows RAYON_NUM_THREADS; the \
+                     native engine takes threads, not sessions)",
+                )?;
+            }
+        }
+        if let Some(path) = &self.runtime_path {
+            refuse(
+                "runtime_path",
+                path.display().to_string(),
+                "an ONNX Runtime option",
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Validates, then loads a model folder.
+    pub fn build_from_dir(&self, dir: impl AsRef<Path>) -> Result<TextEmbedder> {
+        self.load(Target::Dir(dir.as_ref()))
+    }
+
+    /// Validates, then downloads what this configuration runs from a Hub repository into the
+    /// standard cache (or finds it there) and loads it: `repo` is an id (`"org/name"`, at
+    /// `main`, with [`Hub::from_env`](crate::hub::Hub::from_env)) or a
+    /// [`HubRepo`](crate::hub::HubRepo) with a revision and a client.
+    #[cfg(feature = "hub")]
+    pub fn build_from_hub(&self, repo: impl Into<crate::hub::HubRepo>) -> Result<TextEmbedder> {
+        self.load(Target::Hub(repo.into()))
+    }
+
+    /// A folder or a Hub repository ([`ModelSource::parse`](crate::hub::ModelSource::parse)
+    /// makes one from a command line, where an existing folder wins over an id).
+    #[cfg(feature = "hub")]
+    pub fn build(&self, source: impl Into<crate::hub::ModelSource>) -> Result<TextEmbedder> {
+        match source.into() {
+            crate::hub::ModelSource::Dir(dir) => self.build_from_dir(dir),
+            crate::hub::ModelSource::Hub(repo) => self.build_from_hub(repo),
+        }
+    }
+
+    /// What a command line's `--model` and `--revision` name: with the `hub` feature, a
+    /// folder or a Hub model id ([`ModelSource::parse`](crate::hub::ModelSource::parse): an
+    /// existing folder wins); without it, a folder, and a revision is
+    /// [`Error::InvalidOption`].
+    pub fn build_from_arg(
+        &self,
+        model: impl AsRef<Path>,
+        revision: Option<&str>,
+    ) -> Result<TextEmbedder> {
+        #[cfg(feature = "hub")]
+        return self.build(crate::hub::ModelSource::parse(model, revision)?);
+        #[cfg(not(feature = "hub"))]
+        match revision {
+            Some(revision) => Err(Error::InvalidOption {
+                name: "revision",
+                value: revision.to_owned(),
+                reason: "this build of ruri has no `hub` feature: the model is a folder only",
+            }),
+            None => self.build_from_dir(model),
+        }
+    }
+
+    fn load(&self, target: Target<'_>) -> Result<TextEmbedder> {
+        self.validate()?;
+        match self.backend {
+            BackendKind::Ort => self.load_ort(target),
+            BackendKind::Candle => self.load_candle(target),
+            BackendKind::Native => self.load_native(target),
+        }
+    }
+
+    #[cfg(feature = "native")]
+    fn load_native(&self, target: Target<'_>) -> Result<TextEmbedder> {
+        let mut builder = ruri_native::builder()
+            .precision(match self.precision {
+                Precision::Fp32 => ruri_native::Precision::Fp32,
+                Precision::Int8 => ruri_native::Precision::Int8,
+                Precision::Fp16 | Precision::Bf16 => {
+                    unreachable!("validate refuses fp16 and bf16 on native")
+                }
+            })
+            .whitespace(self.whitespace);
+        if let Some(threads) = self.threads {
+            builder = builder.threads(threads);
+        }
+        if let Some(batching) = self.batching {
+            builder = builder.batching(batching);
+        }
+        match target {
+            Target::Dir(dir) => builder.build_from_dir(dir),
+            #[cfg(feature = "hub")]
+            Target::Hub(repo) => builder.build_from_hub(repo),
+        }
+    }
+
+    #[cfg(not(feature = "native"))]
+    fn load_native(&self, _: Target<'_>) -> Result<TextEmbedder> {
+        Err(BackendKind::Native.not_compiled())
+    }
+
+    #[cfg(feature = "ort")]
+    fn load_ort(&self, target: Target<'_>) -> Result<TextEmbedder> {
+        let mut builder = ruri_ort::builder()
+            .precision(match self.precision {
+                Precision::Fp32 => ruri_ort::Precision::Fp32,
+                Precision::Int8 => ruri_ort::Precision::Int8,
+                Precision::Fp16 => ruri_ort::Precision::Fp16,
+                Precision::Bf16 => unreachable!("validate refuses bf16 on ort"),
+            })
+            .graph(match self.graph {
+                Graph::Auto => ruri_ort::Graph::Auto,
+                Graph::Fused => ruri_ort::Graph::Fused,
+                Graph::OnnxFile => ruri_ort::Graph::OnnxFile,
+            })
+            .whitespace(self.whitespace);
+        if let Some(file) = &self.onnx_file {
+            builder = builder.onnx_file(file);
+        }
+        if let Some(path) = &self.runtime_path {
+            builder = builder.runtime_path(path);
+        }
+        if let Some(threads) = self.threads {
+            builder = builder.intra_threads(threads);
+        }
+        if let Some(sessions) = self.sessions {
+            builder = builder.sessions(sessions);
+        }
+        if let Some(batching) = self.batching {
+            builder = builder.batching(batching);
+        }
+        match target {
+            Target::Dir(dir) => builder.build_from_dir(dir),
+            #[cfg(feature = "hub")]
+            Target::Hub(repo) => builder.build_from_hub(repo),
+        }
+    }
+
+    #[cfg(not(feature = "ort"))]
+    fn load_ort(&self, _: Target<'_>) -> Result<TextEmbedder> {
+        Err(BackendKind::Ort.not_compiled())
+    }
+
+    #[cfg(feature = "candle")]
+    fn load_candle(&self, target: Target<'_>) -> Result<TextEmbedder> {
+        let mut builder = ruri_candle::builder()
+            .dtype(match self.precision {
+                Precision::Fp32 => ruri_candle::DType::F32,
+                Precision::Fp16 => ruri_candle::DType::F16,
+                Precision::Bf16 => ruri_candle::DType::BF16,
+                Precision::Int8 => unreachable!("validate refuses int8 on candle"),
+            })
+            .whitespace(self.whitespace);
+        if let Some(batching) = self.batching {
+            builder = builder.batching(batching);
+        }
+        match target {
+            Target::Dir(dir) => builder.build_from_dir(dir),
+            #[cfg(feature = "hub")]
+            Target::Hub(repo) => builder.build_from_hub(repo),
+        }
+    }
+
+    #[cfg(not(feature = "candle"))]
+    fn load_candle(&self, _: Target<'_>) -> Result<TextEmbedder> {
+        Err(BackendKind::Candle.not_compiled())
+    }
+}
+
+/// Where [`EmbedderConfig::load`] reads the model from.
+#[cfg_attr(
+    not(any(feature = "ort", feature = "candle", feature = "native")),
+    expect(dead_code, reason = "only a backend's load function reads it")
+)]
+enum Target<'a> {
+    Dir(&'a Path),
+    #[cfg(feature = "hub")]
+    Hub(crate::hub::HubRepo),
+}
+
+/// Loads a model with the best backend compiled in ([`BackendKind::best`]) and its defaults
+/// (fp32): `model` is a folder or, with the `hub` feature, a Hugging Face Hub model id such
+/// as `"cl-nagoya/ruri-v3-30m"` (an existing folder wins). The one-call entry, as
+/// fastembed's `TextEmbedding::try_new`: `EmbedderConfig::default().build_from_arg(model,
+/// None)`.
+///
+/// A free function rather than `TextEmbedder::from_pretrained`: [`TextEmbedder`] lives in
+/// `ruri-core`, which knows no backend (the backends depend on it, not the reverse), and only
+/// this facade knows which backends were compiled in.
+///
+/// ```
+/// # let model = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/tiny");
+/// // `model`: "cl-nagoya/ruri-v3-30m", or a folder (here the repository's tiny test model).
+/// # #[cfg(any(feature = "ort", feature = "candle"))] {
+/// let embedder = ruri::from_pretrained(model)?;
+/// let query = embedder.embed_query("瑠璃色はどんな色？")?;
+/// assert_eq!(query.len(), embedder.dim());
+/// # }
+/// # Ok::<(), ruri::Error>(())
+/// ```
+pub fn from_pretrained(model: impl AsRef<Path>) -> Result<TextEmbedder> {
+    EmbedderConfig::default().build_from_arg(model, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_python_spellings_parse() {
+        for &precision in Precision::ALL {
+            assert_eq!(
+                precision.to_string().parse::<Precision>().unwrap(),
+                precision
+            );
+        }
+        for &backend in BackendKind::ALL {
+            assert_eq!(backend.to_string().parse::<BackendKind>().unwrap(), backend);
+        }
+        for (name, precision) in [
+            ("float32", Precision::Fp32),
+            ("f32", Precision::Fp32),
+            ("float16", Precision::Fp16),
+            ("f16", Precision::Fp16),
+            ("bfloat16", Precision::Bf16),
+        ] {
+            assert_eq!(name.parse::<Precision>().unwrap(), precision, "{name}");
+        }
+        assert!(matches!(
+            "int4".parse::<Precision>(),
+            Err(Error::InvalidOption {
+                name: "precision",
+                ..
+            })
+        ));
+        assert!(matches!(
+            "torch".parse::<BackendKind>(),
+            Err(Error::InvalidOption {
+                name: "backend",
+                ..
+            })
+        ));
+    }
+
+    /// Every ort precision × graph × ONNX file, and candle's graphs: the refusals the
+    /// backends document (ruri-ort's `Graph`: the fused graph runs fp32 and int8 and takes no
+    /// ONNX file; candle reads model.safetensors only), written out rather than derived.
+    #[test]
+    fn graph_combinations_are_refused_in_one_place() {
+        // Backend, precision, graph, whether an ONNX file is given, the refusal (option, value).
+        type Case = (
+            BackendKind,
+            Precision,
+            Graph,
+            bool,
+            Option<(&'static str, &'static str)>,
+        );
+        let cases: &[Case] = &[
+            (BackendKind::Ort, Precision::Fp32, Graph::Auto, false, None),
+            (BackendKind::Ort, Precision::Fp32, Graph::Fused, false, None),
+            (
+                BackendKind::Ort,
+                Precision::Fp32,
+                Graph::OnnxFile,
+                false,
+                None,
+            ),
+            (BackendKind::Ort, Precision::Fp32, Graph::Auto, true, None),
+            (
+                BackendKind::Ort,
+                Precision::Fp32,
+                Graph::Fused,
+                true,
+                Some(("graph", "fused")),
+            ),
+            (
+                BackendKind::Ort,
+                Precision::Fp32,
+                Graph::OnnxFile,
+                true,
+                None,
+            ),
+            (BackendKind::Ort, Precision::Int8, Graph::Fused, false, None),
+            (
+                BackendKind::Ort,
+                Precision::Int8,
+                Graph::Fused,
+                true,
+                Some(("graph", "fused")),
+            ),
+            (BackendKind::Ort, Precision::Fp16, Graph::Auto, false, None),
+            (
+                BackendKind::Ort,
+                Precision::Fp16,
+                Graph::Fused,
+                false,
+                Some(("precision", "fp16")),
+            ),
+            (
+                BackendKind::Ort,
+                Precision::Fp16,
+                Graph::Fused,
+                true,
+                Some(("graph", "fused")),
+            ),
+            (
+                BackendKind::Ort,
+                Precision::Fp16,
+                Graph::OnnxFile,
+                true,
+                None,
+            ),
+            (
+                BackendKind::Ort,
+                Precision::Bf16,
+                Graph::Auto,
+                false,
+                Some(("precision", "bf16")),
+            ),
+            (
+                BackendKind::Ort,
+                Precision::Bf16,
+                Graph::Fused,
+                true,
+                Some(("precision", "bf16")),
+            ),
+            (
+                BackendKind::Candle,
+                Precision::Fp32,
+                Graph::Auto,
+                false,
+                None,
+            ),
+            (
+                BackendKind::Candle,
+                Precision::Bf16,
+                Graph::Auto,
+                false,
+                None,
+            ),
+            (
+                BackendKind::Candle,
+                Precision::Fp16,
+                Graph::Auto,
+                false,
+                None,
+            ),
+            (
+                BackendKind::Candle,
+                Precision::Fp32,
+                Graph::Fused,
+                false,
+                Some(("graph", "fused")),
+            ),
+            (
+                BackendKind::Candle,
+                Precision::Fp32,
+                Graph::OnnxFile,
+                false,
+                Some(("graph", "onnx-file")),
+            ),
+            (
+                BackendKind::Candle,
+                Precision::Int8,
+                Graph::Fused,
+                false,
+                Some(("precision", "int8")),
+            ),
+            (
+                BackendKind::Candle,
+                Precision::Fp32,
+                Graph::Auto,
+                true,
+                Some(("onnx_file", "m.onnx")),
+            ),
+            (
+                BackendKind::Native,
+                Precision::Fp32,
+                Graph::Auto,
+                false,
+                None,
+            ),
+            (
+                BackendKind::Native,
+                Precision::Int8,
+                Graph::Auto,
+                false,
+                None,
+            ),
+            (
+                BackendKind::Native,
+                Precision::Fp16,
+                Graph::Auto,
+                false,
+                Some(("precision", "fp16")),
+            ),
+            (
+                BackendKind::Native,
+                Precision::Bf16,
+                Graph::Auto,
+                false,
+                Some(("precision", "bf16")),
+            ),
+            (
+                BackendKind::Native,
+                Precision::Int8,
+                Graph::Fused,
+                false,
+                Some(("graph", "fused")),
+            ),
+            (
+                BackendKind::Native,
+                Precision::Int8,
+                Graph::Auto,
+                true,
+                Some(("onnx_file", "m.onnx")),
+            ),
+        ];
+        for &(backend, precision, graph, onnx_file, refusal) in cases {
+            let mut config = EmbedderConfig::new()
+                .backend(backend)
+                .precision(precision)
+                .graph(graph);
+            if onnx_file {
+                config = config.onnx_file("m.onnx");
+            }
+            let got = match config.validate() {
+                Ok(()) => None,
+                Err(Error::InvalidOption { name, value, .. }) => Some((name, value)),
+                Err(other) => panic!("{config:?}: not an InvalidOption: {other}"),
+            };
+            let wanted = refusal.map(|(name, value)| (name, value.to_owned()));
+            // A build without the backend refuses every case, naming the feature.
+            let wanted = if backend.is_compiled() || wanted.is_some() {
+                wanted
+            } else {
+                Some(("backend", backend.name().to_owned()))
+            };
+            assert_eq!(
+                got.as_ref().map(|(n, v)| (*n, v.as_str())),
+                wanted.as_ref().map(|(n, v)| (*n, v.as_str())),
+                "{config:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn ort_options_are_refused_for_candle() {
+        let candle = EmbedderConfig::new().backend(BackendKind::Candle);
+        for (config, option) in [
+            (candle.clone().threads(2), "threads"),
+            (candle.clone().sessions(2), "sessions"),
+            (
+                candle.clone().runtime_path("/lib/libonnxruntime.so"),
+                "runtime_path",
+            ),
+        ] {
+            assert!(
+                matches!(config.validate(), Err(Error::InvalidOption { name, .. }) if name == option),
+                "{config:?}"
+            );
+        }
+        // The native engine has worker threads, but no sessions or ONNX Runtime library.
+        let native = EmbedderConfig::new().backend(BackendKind::Native);
+        assert_eq!(
+            native.clone().threads(2).validate().is_ok(),
+            BackendKind::Native.is_compiled()
+        );
+        for (config, option) in [
+            (native.clone().sessions(2), "sessions"),
+            (
+                native.runtime_path("/lib/libonnxruntime.so"),
+                "runtime_path",
+            ),
+        ] {
+            assert!(
+                matches!(config.validate(), Err(Error::InvalidOption { name, .. }) if name == option),
+                "{config:?}"
+            );
+        }
+        // And accepted for ort (when built in).
+        let ort = EmbedderConfig::new()
+            .backend(BackendKind::Ort)
+            .threads(2)
+            .sessions(2)
+            .runtime_path("/lib/libonnxruntime.so");
+        assert_eq!(ort.validate().is_ok(), BackendKind::Ort.is_compiled());
+    }
+
+    #[test]
+    fn the_best_backend_is_compiled_in_when_any_is() {
+        let best = BackendKind::best();
+        assert_eq!(best.is_compiled(), !BackendKind::COMPILED.is_empty());
+        if let Some(first) = BackendKind::COMPILED.first() {
+            assert_eq!(best, *first);
+        }
+    }
+}
