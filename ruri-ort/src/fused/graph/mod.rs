@@ -18,22 +18,18 @@
 //! `vocab × hidden` table exists once whatever the number of sessions) and give the mean
 //! pooled, unnormalized `sentence_embedding: f32[B, H]`.
 
-use ort::editor::{Graph, Model, Node, ONNX_DOMAIN, Opset};
-use ort::memory::Allocator;
-use ort::operator::Attribute;
-use ort::value::{Outlet, Shape, SymbolicDimensions, Tensor, TensorElementType, ValueType};
+mod attention;
+mod int8;
+mod ops;
+
+use ort::editor::{Model, ONNX_DOMAIN, Opset};
+use ort::value::{Outlet, Shape, SymbolicDimensions, TensorElementType, ValueType};
 use ruri_core::{AttentionKind, ModelConfig, Result};
 
-use super::weights::{Safetensors, quantize_columns, smoothing, transpose};
-
-const MS_DOMAIN: &str = "com.microsoft";
-/// A finite "minus infinity" for additive masks: two of them still add up to a finite value
-/// (two −3.4e38 make −inf, and −inf − −inf is NaN).
-const MASKED: f32 = -1e30;
-
-/// ONNX TensorProto element type codes (`Cast`'s `to`).
-const FLOAT: i64 = 1;
-const UINT8: i64 = 2;
+use super::weights::{Safetensors, smoothing};
+use attention::{Blocks, MASKED, attention, rope};
+use int8::LinearMode;
+use ops::{Builder, FLOAT, MS_DOMAIN, attr};
 
 /// How linears run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,97 +82,9 @@ impl Shapes {
     }
 }
 
-/// Accumulates nodes and initializers under unique names.
-struct Builder {
-    graph: Graph,
-    next: usize,
-}
-
-fn attr(name: &str, value: impl ort::operator::ToAttribute) -> ort::Result<Attribute> {
-    Attribute::new(name, value)
-}
-
-impl Builder {
-    fn fresh(&mut self, stem: &str) -> String {
-        self.next += 1;
-        format!("{stem}_{}", self.next)
-    }
-
-    fn op(
-        &mut self,
-        op: &str,
-        domain: &str,
-        inputs: &[&str],
-        outputs: usize,
-        attrs: Vec<Attribute>,
-    ) -> ort::Result<Vec<String>> {
-        let outs: Vec<String> = (0..outputs).map(|_| self.fresh(op)).collect();
-        let name = self.fresh(&format!("n_{op}"));
-        self.graph
-            .add_node(Node::new(op, domain, name, inputs, &outs, attrs)?)?;
-        Ok(outs)
-    }
-
-    /// One-output ONNX operator.
-    fn one(&mut self, op: &str, inputs: &[&str], attrs: Vec<Attribute>) -> ort::Result<String> {
-        Ok(self.op(op, ONNX_DOMAIN, inputs, 1, attrs)?.remove(0))
-    }
-
-    fn init<T: ort::value::PrimitiveTensorElementType + Copy + std::fmt::Debug>(
-        &mut self,
-        stem: &str,
-        shape: &[i64],
-        data: &[T],
-    ) -> ort::Result<String> {
-        let name = self.fresh(stem);
-        let mut tensor = Tensor::<T>::new(&Allocator::default(), shape.to_vec())?;
-        tensor.extract_tensor_mut().1.copy_from_slice(data);
-        // Large tensors are used in place (no copy into a TensorProto); ONNX Runtime takes
-        // small ones (< 128 bytes) only by copy.
-        let external = std::mem::size_of_val(data) >= 128;
-        self.graph.add_initializer(&name, tensor, external)?;
-        Ok(name)
-    }
-
-    fn i64s(&mut self, stem: &str, values: &[i64]) -> ort::Result<String> {
-        self.init(stem, &[values.len() as i64], values)
-    }
-
-    fn scalar_i64(&mut self, stem: &str, value: i64) -> ort::Result<String> {
-        self.init(stem, &[], &[value])
-    }
-
-    fn scalar_f32(&mut self, stem: &str, value: f32) -> ort::Result<String> {
-        self.init(stem, &[], &[value])
-    }
-
-    fn layer_norm(&mut self, x: &str, gamma: &str, eps: f32) -> ort::Result<String> {
-        self.one(
-            "LayerNormalization",
-            &[x, gamma],
-            vec![attr("axis", -1i64)?, attr("epsilon", eps)?],
-        )
-    }
-}
-
-/// A linear's weights as initializers, in the form its [`Linears`] mode runs.
-enum Weight {
-    Fp32(String),
-    Int8 { q: String, scale: String },
-}
-
-/// Per-layer quantized-activation cache: one `RowQuantize` (or none) per distinct input.
-struct Quantized {
-    q: String,
-    scale: String,
-}
-
 /// What every layer shares in one graph.
 struct Shared {
-    linears: Linears,
-    /// Int8 per row: the u8 activations' zero point (128), the scale 1 of `MatMulIntegerToFloat`
-    /// (row scales are applied after), `1 / 127`, a tiny floor for all-zero rows, and `128.5`.
-    row_quant: Option<RowQuant>,
+    linear: LinearMode,
     positions: String,
     rope_global: (String, String),
     rope_local: (String, String),
@@ -187,48 +95,23 @@ struct Shared {
     blocks: Option<Blocks>,
 }
 
-struct RowQuant {
-    zero_point: String,
-    unit: String,
-    inv_levels: String,
-    floor: String,
-    offset: String,
-    last_axis: String,
+/// Why a graph could not be built: ONNX Runtime refused a node or an initializer, or the
+/// checkpoint could not be read. Every part returns it with `?`; [`build`] maps it once.
+enum BuildError {
+    Ort(ort::Error),
+    Checkpoint(ruri_core::Error),
 }
 
-struct Blocks {
-    /// Flat indices of the (clamped) query rows of each block, `nb · C`.
-    query_index: String,
-    /// Flat indices of the (clamped) key rows of each block's window, `nb · 3C`.
-    key_index: String,
-    /// `[nb, 1, C, 3C]` additive bias: the band and the sequence's ends.
-    bias: String,
-    /// `[-1, C, H]` and `[-1, 3C, H]` reshape targets, `[1, -1, H]` back.
-    query_shape: String,
-    key_shape: String,
-    back_shape: String,
-    /// `[0]`, `[S]` and `[1]` for slicing the padded blocks back to `S` rows.
-    zero: String,
-    length: String,
-    axis1: String,
-}
-
-fn rope(theta: f64, positions: usize, head_dim: usize) -> (Vec<f32>, Vec<f32>) {
-    // As transformers computes it: inv_freq in f32, angles = position · inv_freq in f32.
-    let half = head_dim / 2;
-    let inv: Vec<f32> = (0..half)
-        .map(|i| (1.0 / theta.powf((2 * i) as f64 / head_dim as f64)) as f32)
-        .collect();
-    let mut cos = Vec::with_capacity(positions * half);
-    let mut sin = Vec::with_capacity(positions * half);
-    for p in 0..positions {
-        for &f in &inv {
-            let angle = p as f32 * f;
-            cos.push(angle.cos());
-            sin.push(angle.sin());
-        }
+impl From<ort::Error> for BuildError {
+    fn from(e: ort::Error) -> Self {
+        BuildError::Ort(e)
     }
-    (cos, sin)
+}
+
+impl From<ruri_core::Error> for BuildError {
+    fn from(e: ruri_core::Error) -> Self {
+        BuildError::Checkpoint(e)
+    }
 }
 
 /// Builds the graph of `variant` from the checkpoint (weights are read now, tensor by
@@ -240,24 +123,24 @@ pub(crate) fn build(
     variant: Variant,
 ) -> Result<Model> {
     let path = st.path().to_path_buf();
-    let fail = |e: ort::Error| ruri_core::Error::Backend {
-        backend: "ort",
-        context: format!("building the fused graph from {}", path.display()),
-        source: Box::new(e),
-    };
-    build_inner(st, shapes, linears, variant, &fail)
+    build_graph(st, shapes, linears, variant).map_err(|e| match e {
+        BuildError::Ort(e) => ruri_core::Error::Backend {
+            backend: "ort",
+            context: format!("building the fused graph from {}", path.display()),
+            source: Box::new(e),
+        },
+        BuildError::Checkpoint(e) => e,
+    })
 }
 
-fn build_inner(
+fn build_graph(
     st: &mut Safetensors,
     shapes: &Shapes,
     linears: Linears,
     variant: Variant,
-    fail: &dyn Fn(ort::Error) -> ruri_core::Error,
-) -> Result<Model> {
+) -> std::result::Result<Model, BuildError> {
     let h = shapes.hidden as i64;
-    let graph = Graph::new().map_err(fail)?;
-    let mut b = Builder { graph, next: 0 };
+    let mut b = Builder::new()?;
     let f32_tensor = |dims: Vec<i64>, names: Vec<String>| ValueType::Tensor {
         ty: TensorElementType::Float32,
         shape: Shape::new(dims),
@@ -280,38 +163,37 @@ fn build_inner(
             },
         ));
     }
-    b.graph.set_inputs(inputs).map_err(fail)?;
-    b.graph
-        .set_outputs([Outlet::new(
-            "sentence_embedding",
-            f32_tensor(vec![-1, h], vec!["batch".into(), String::new()]),
-        )])
-        .map_err(fail)?;
+    b.graph.set_inputs(inputs)?;
+    b.graph.set_outputs([Outlet::new(
+        "sentence_embedding",
+        f32_tensor(vec![-1, h], vec!["batch".into(), String::new()]),
+    )])?;
 
-    let shared = shared_nodes(&mut b, shapes, linears, variant).map_err(fail)?;
+    let shared = shared_nodes(&mut b, shapes, linears, variant)?;
 
     // Embedding LayerNorm (the lookup happened in Rust).
     let gamma = st.read("embeddings.norm.weight")?;
-    let gamma = b.init("emb_norm", &[h], &gamma).map_err(fail)?;
-    let mut x = b
-        .layer_norm("embeddings", &gamma, shapes.eps)
-        .map_err(fail)?;
+    let gamma = b.init("emb_norm", &[h], &gamma)?;
+    let mut x = b.layer_norm("embeddings", &gamma, shapes.eps)?;
 
+    let mut layers = LayerContext {
+        b: &mut b,
+        st,
+        s: shapes,
+        shared: &shared,
+    };
     for (n, &kind) in shapes.kinds.iter().enumerate() {
-        x = layer(&mut b, st, shapes, &shared, n, kind, &x, fail)?;
+        x = layers.layer(n, kind, &x)?;
     }
 
-    let gamma = st.read("final_norm.weight")?;
-    let gamma = b.init("final_norm", &[h], &gamma).map_err(fail)?;
-    let y = b.layer_norm(&x, &gamma, shapes.eps).map_err(fail)?;
-    pooling(&mut b, &y, variant).map_err(fail)?;
+    let gamma = layers.st.read("final_norm.weight")?;
+    let gamma = b.init("final_norm", &[h], &gamma)?;
+    let y = b.layer_norm(&x, &gamma, shapes.eps)?;
+    pooling(&mut b, &y, variant)?;
 
-    let opsets = [
-        Opset::new(ONNX_DOMAIN, 21).map_err(fail)?,
-        Opset::new(MS_DOMAIN, 1).map_err(fail)?,
-    ];
-    let mut model = Model::new(opsets).map_err(fail)?;
-    model.set_graph(b.graph).map_err(fail)?;
+    let opsets = [Opset::new(ONNX_DOMAIN, 21)?, Opset::new(MS_DOMAIN, 1)?];
+    let mut model = Model::new(opsets)?;
+    model.set_graph(b.graph)?;
     Ok(model)
 }
 
@@ -322,7 +204,7 @@ fn pooling(b: &mut Builder, y: &str, variant: Variant) -> ort::Result<()> {
     match variant {
         Variant::Long => {
             let node = b.fresh("n_pool");
-            b.graph.add_node(Node::new(
+            b.graph.add_node(ort::editor::Node::new(
                 "ReduceMean",
                 ONNX_DOMAIN,
                 node,
@@ -346,7 +228,7 @@ fn pooling(b: &mut Builder, y: &str, variant: Variant) -> ort::Result<()> {
             let tiny = b.scalar_f32("tiny", 1e-9)?;
             let count = b.one("Max", &[&count, &tiny], vec![])?;
             let node = b.fresh("n_pool");
-            b.graph.add_node(Node::new(
+            b.graph.add_node(ort::editor::Node::new(
                 "Div",
                 ONNX_DOMAIN,
                 node,
@@ -380,21 +262,10 @@ fn shared_nodes(
     );
     // Position ids `[1]`: every sequence starts at position 0.
     let position_start = b.i64s("position_start", &[0])?;
-    let row_quant = match linears {
-        Linears::Int8PerRow => Some(RowQuant {
-            zero_point: b.init::<u8>("zero_point", &[], &[128])?,
-            unit: b.scalar_f32("unit", 1.0)?,
-            inv_levels: b.scalar_f32("inv_levels", 1.0 / 127.0)?,
-            floor: b.scalar_f32("floor", f32::MIN_POSITIVE)?,
-            offset: b.scalar_f32("offset", 128.5)?,
-            last_axis: b.i64s("last_axis", &[-1])?,
-        }),
-        _ => None,
-    };
+    let linear = LinearMode::new(b, linears)?;
     let has_local = s.kinds.contains(&AttentionKind::Local);
     let mut shared = Shared {
-        linears,
-        row_quant,
+        linear,
         positions: position_start,
         rope_global,
         rope_local,
@@ -406,340 +277,133 @@ fn shared_nodes(
     let zero_f = b.scalar_f32("zero", 0.0)?;
     match variant {
         Variant::Batch => {
-            // Padding: (mask − 1) · 1e30 → 0 or −1e30, as [B, 1, 1, S], expanded to [B, 1, S, S].
-            let mask = b.one("Cast", &["attention_mask"], vec![attr("to", FLOAT)?])?;
-            let one = b.scalar_f32("one", 1.0)?;
-            let big = b.scalar_f32("big", -MASKED)?;
-            let minus = b.one("Sub", &[&mask, &one], vec![])?;
-            let pad = b.one("Mul", &[&minus, &big], vec![])?;
-            let axes = b.i64s("axes12", &[1, 2])?;
-            let pad4 = b.one("Unsqueeze", &[&pad, &axes], vec![])?;
-            let shape = b.one("Shape", &["attention_mask"], vec![])?;
-            let (s0, s1, s2) = (
-                b.i64s("s0", &[0])?,
-                b.i64s("s1", &[1])?,
-                b.i64s("s2", &[2])?,
-            );
-            let batch = b.one("Slice", &[&shape, &s0, &s1], vec![])?;
-            let seq = b.one("Slice", &[&shape, &s1, &s2], vec![])?;
-            let one_i = b.i64s("one_i", &[1])?;
-            let shape4 = b.one(
-                "Concat",
-                &[&batch, &one_i, &seq, &seq],
-                vec![attr("axis", 0i64)?],
-            )?;
-            let global = b.one("Expand", &[&pad4, &shape4], vec![])?;
-            if has_local {
-                let zero_i = b.scalar_i64("zero_i", 0)?;
-                let one_s = b.scalar_i64("one_s", 1)?;
-                let seq_scalar = b.one("Squeeze", &[&seq], vec![])?;
-                let range = b.one("Range", &[&zero_i, &seq_scalar, &one_s], vec![])?;
-                let a1 = b.i64s("a1", &[1])?;
-                let a0 = b.i64s("a0", &[0])?;
-                let rows = b.one("Unsqueeze", &[&range, &a1], vec![])?;
-                let cols = b.one("Unsqueeze", &[&range, &a0], vec![])?;
-                let diff = b.one("Sub", &[&rows, &cols], vec![])?;
-                let dist = b.one("Abs", &[&diff], vec![])?;
-                let window = b.scalar_i64("half_window", s.half_window as i64)?;
-                let far = b.one("Greater", &[&dist, &window], vec![])?;
-                let band = b.one("Where", &[&far, &masked, &zero_f], vec![])?;
-                shared.local_bias = Some(b.one("Add", &[&global, &band], vec![])?);
-            }
+            let (global, local) = attention::batch_biases(b, s, &masked, &zero_f)?;
             shared.global_bias = Some(global);
+            shared.local_bias = local;
         }
         Variant::Long if has_local => {
-            let c = s.half_window.max(1) as i64;
-            let shape = b.one("Shape", &["embeddings"], vec![])?;
-            let (s1, s2) = (b.i64s("s1", &[1])?, b.i64s("s2", &[2])?);
-            let length = b.one("Slice", &[&shape, &s1, &s2], vec![])?;
-            let seq = b.one("Squeeze", &[&length], vec![])?;
-            let zero_i = b.scalar_i64("zero_i", 0)?;
-            let one_s = b.scalar_i64("one_s", 1)?;
-            let c_s = b.scalar_i64("block", c)?;
-            let c_minus = b.scalar_i64("block_minus_1", c - 1)?;
-            // nb = ceil(S / C); padded length nb · C.
-            let plus = b.one("Add", &[&seq, &c_minus], vec![])?;
-            let nb = b.one("Div", &[&plus, &c_s], vec![])?;
-            let padded = b.one("Mul", &[&nb, &c_s], vec![])?;
-            let last = b.one("Sub", &[&seq, &one_s], vec![])?;
-            let range = b.one("Range", &[&zero_i, &padded, &one_s], vec![])?;
-            let query_index = b.one("Min", &[&range, &last], vec![])?;
-            // Window of block n: positions n·C − C + t, t < 3C.
-            let blocks = b.one("Range", &[&zero_i, &nb, &one_s], vec![])?;
-            let starts = b.one("Mul", &[&blocks, &c_s], vec![])?;
-            let starts = b.one("Sub", &[&starts, &c_s], vec![])?;
-            let a1 = b.i64s("a1", &[1])?;
-            let starts = b.one("Unsqueeze", &[&starts, &a1], vec![])?;
-            let offsets: Vec<i64> = (0..3 * c).collect();
-            let offsets = b.init("window_offsets", &[1, 3 * c], &offsets)?;
-            let window = b.one("Add", &[&starts, &offsets], vec![])?; // [nb, 3C]
-            let below = b.one("Less", &[&window, &zero_i], vec![])?;
-            let above = b.one("Greater", &[&window, &last], vec![])?;
-            let outside = b.one("Or", &[&below, &above], vec![])?;
-            let ends = b.one("Where", &[&outside, &masked, &zero_f], vec![])?;
-            let shape_ends = b.i64s("shape_ends", &[-1, 1, 1, 3 * c])?;
-            let ends = b.one("Reshape", &[&ends, &shape_ends], vec![])?;
-            // The band inside a window, the same for every block: query c (at n·C + c)
-            // sees window position t (at n·C − C + t) iff |t − C − c| ≤ half_window.
-            let hw = s.half_window as i64;
-            let band: Vec<f32> = (0..c)
-                .flat_map(|q| {
-                    (0..3 * c).map(move |t| if (t - c - q).abs() <= hw { 0.0 } else { MASKED })
-                })
-                .collect();
-            let band = b.init("band", &[c, 3 * c], &band)?;
-            let bias = b.one("Add", &[&ends, &band], vec![])?;
-            let clamped = b.one("Max", &[&window, &zero_i], vec![])?;
-            let clamped = b.one("Min", &[&clamped, &last], vec![])?;
-            let flat = b.i64s("flat", &[-1])?;
-            let key_index = b.one("Reshape", &[&clamped, &flat], vec![])?;
-            let hidden = s.hidden as i64;
-            shared.blocks = Some(Blocks {
-                query_index,
-                key_index,
-                bias,
-                query_shape: b.i64s("query_shape", &[-1, c, hidden])?,
-                key_shape: b.i64s("key_shape", &[-1, 3 * c, hidden])?,
-                back_shape: b.i64s("back_shape", &[1, -1, hidden])?,
-                zero: b.i64s("zero1", &[0])?,
-                length,
-                axis1: b.i64s("axis1", &[1])?,
-            });
+            shared.blocks = Some(attention::long_blocks(b, s, &masked, &zero_f)?);
         }
         Variant::Long => {}
     }
     Ok(shared)
 }
 
-/// Adds `w` (`out × cols` rows of an `nn.Linear` weight) with its input rows scaled by
-/// `smooth` (int8 only), in the form `linears` runs.
-fn weight(
-    b: &mut Builder,
-    linears: Linears,
-    w: &[f32],
-    cols: usize,
-    smooth: Option<&[f32]>,
-    fail: &dyn Fn(ort::Error) -> ruri_core::Error,
-) -> Result<Weight> {
-    let out = w.len() / cols;
-    let mut t = transpose(w, out, cols); // cols × out = K × N
-    if let Some(s) = smooth {
-        for (row, &s) in t.chunks_exact_mut(out).zip(s) {
-            if s != 1.0 {
-                row.iter_mut().for_each(|v| *v *= s);
-            }
-        }
-    }
-    let (k, n) = (cols as i64, out as i64);
-    match linears {
-        Linears::Fp32 => Ok(Weight::Fp32(b.init("w", &[k, n], &t).map_err(fail)?)),
-        Linears::Int8PerRow | Linears::Int8PerTensor => {
-            let qw = quantize_columns(&t, cols, out);
-            drop(t);
-            Ok(Weight::Int8 {
-                q: b.init("wq", &[k, n], &qw.q).map_err(fail)?,
-                scale: b.init("ws", &[n], &qw.scale).map_err(fail)?,
-            })
-        }
-    }
+/// What one layer is built from: the graph so far, the checkpoint its weights come from (each
+/// read once, for its smoothing factors and for its initializers), the model's shapes, and
+/// the nodes every layer shares.
+struct LayerContext<'a> {
+    b: &'a mut Builder,
+    st: &'a mut Safetensors,
+    s: &'a Shapes,
+    shared: &'a Shared,
 }
 
-/// `x · W`, in the graph's mode; `cache` holds `x`'s row quantization when several linears
-/// read the same `x`.
-fn linear(
-    b: &mut Builder,
-    shared: &Shared,
-    x: &str,
-    w: &Weight,
-    cache: &mut Option<Quantized>,
-) -> ort::Result<String> {
-    match (w, shared.linears) {
-        (Weight::Fp32(w), _) => b.one("MatMul", &[x, w], vec![]),
-        (Weight::Int8 { q, scale }, Linears::Int8PerTensor) => Ok(b
-            .op(
-                "DynamicQuantizeMatMul",
-                MS_DOMAIN,
-                &[x, q, scale],
-                1,
-                vec![],
-            )?
-            .remove(0)),
-        (Weight::Int8 { q, scale }, _) => {
-            let rq = shared.row_quant.as_ref().expect("per-row graphs have one");
-            if cache.is_none() {
-                // scale = max(max|x_row| / 127, floor); q = u8(round(x / scale) + 128), the
-                // rounding done by the cast's truncation of x / scale + 128.5 (in [1.5, 255.5]).
-                let abs = b.one("Abs", &[x], vec![])?;
-                let max = b.one(
-                    "ReduceMax",
-                    &[&abs, &rq.last_axis],
-                    vec![attr("keepdims", 1i64)?],
-                )?;
-                let row_scale = b.one("Mul", &[&max, &rq.inv_levels], vec![])?;
-                let row_scale = b.one("Max", &[&row_scale, &rq.floor], vec![])?;
-                let scaled = b.one("Div", &[x, &row_scale], vec![])?;
-                let shifted = b.one("Add", &[&scaled, &rq.offset], vec![])?;
-                let xq = b.one("Cast", &[&shifted], vec![attr("to", UINT8)?])?;
-                *cache = Some(Quantized {
-                    q: xq,
-                    scale: row_scale,
-                });
-            }
-            let qx = cache.as_ref().expect("set above");
-            let y = b
-                .op(
-                    "MatMulIntegerToFloat",
-                    MS_DOMAIN,
-                    &[&qx.q, q, &rq.unit, scale, &rq.zero_point],
-                    1,
-                    vec![],
-                )?
-                .remove(0);
-            b.one("Mul", &[&y, &qx.scale], vec![])
-        }
-    }
-}
-
-/// One ModernBERT encoder layer; returns the new residual stream.
-#[allow(clippy::too_many_arguments)]
-fn layer(
-    b: &mut Builder,
-    st: &mut Safetensors,
-    s: &Shapes,
-    shared: &Shared,
-    n: usize,
-    kind: AttentionKind,
-    x: &str,
-    fail: &dyn Fn(ort::Error) -> ruri_core::Error,
-) -> Result<String> {
-    let (h, i) = (s.hidden, s.intermediate);
-    let int8 = shared.linears != Linears::Fp32;
-    let p = format!("layers.{n}");
-
-    // Attention input: layer 0 reads the embedding norm's output directly (its attn_norm is
-    // an identity). Smoothing folds into a norm's weight, so only where the norm's output
-    // feeds nothing but linears (not layer 0: there it is also the residual stream).
-    // Each weight is read once, for its smoothing factors and for its initializers.
-    let wqkv = st.read(&format!("{p}.attn.Wqkv.weight"))?;
-    let (normed, smooth_attn) = if n == 0 {
-        (x.to_owned(), None)
-    } else {
-        let mut gamma = st.read(&format!("{p}.attn_norm.weight"))?;
-        let smooth = int8.then(|| smoothing(&wqkv, h));
-        if let Some(sm) = &smooth {
+impl LayerContext<'_> {
+    /// A LayerNorm weight divided by the smoothing factors of the linears it feeds (see
+    /// `smoothing`), as an initializer.
+    fn norm_weight(
+        &mut self,
+        name: &str,
+        stem: &str,
+        smooth: Option<&[f32]>,
+    ) -> std::result::Result<String, BuildError> {
+        let mut gamma = self.st.read(name)?;
+        if let Some(sm) = smooth {
             gamma.iter_mut().zip(sm).for_each(|(g, s)| *g /= s);
         }
-        let gamma = b.init("attn_norm", &[h as i64], &gamma).map_err(fail)?;
-        (b.layer_norm(x, &gamma, s.eps).map_err(fail)?, smooth)
-    };
-    let qkv_w = weight(b, shared.linears, &wqkv, h, smooth_attn.as_deref(), fail)?;
-    drop(wqkv);
-    let attn_out = (|| -> ort::Result<String> {
-        let qkv = linear(b, shared, &normed, &qkv_w, &mut None)?;
-        let mut parts = b.op(
-            "Split",
-            ONNX_DOMAIN,
-            &[&qkv],
-            3,
-            vec![attr("axis", -1i64)?, attr("num_outputs", 3i64)?],
+        Ok(self.b.init(stem, &[self.s.hidden as i64], &gamma)?)
+    }
+
+    /// One ModernBERT encoder layer; returns the new residual stream.
+    fn layer(
+        &mut self,
+        n: usize,
+        kind: AttentionKind,
+        x: &str,
+    ) -> std::result::Result<String, BuildError> {
+        let (h, i) = (self.s.hidden, self.s.intermediate);
+        let shared = self.shared;
+        let linear = &shared.linear;
+        let int8 = linear.linears != Linears::Fp32;
+        let p = format!("layers.{n}");
+
+        // Attention input: layer 0 reads the embedding norm's output directly (its attn_norm
+        // is an identity). Smoothing folds into a norm's weight, so only where the norm's
+        // output feeds nothing but linears (not layer 0: there it is also the residual
+        // stream).
+        let wqkv = self.st.read(&format!("{p}.attn.Wqkv.weight"))?;
+        let (normed, smooth_attn) = if n == 0 {
+            (x.to_owned(), None)
+        } else {
+            let smooth = int8.then(|| smoothing(&wqkv, h));
+            let gamma = self.norm_weight(
+                &format!("{p}.attn_norm.weight"),
+                "attn_norm",
+                smooth.as_deref(),
+            )?;
+            (self.b.layer_norm(x, &gamma, self.s.eps)?, smooth)
+        };
+        let qkv_w = linear.weight(self.b, &wqkv, h, smooth_attn.as_deref())?;
+        drop(wqkv);
+        let qkv = linear.apply(self.b, &normed, &qkv_w, &mut None)?;
+        let attn_out = attention(self.b, self.s, shared, kind, &qkv)?;
+        let wo = self.st.read(&format!("{p}.attn.Wo.weight"))?;
+        let wo = linear.weight(self.b, &wo, h, None)?;
+        let o = linear.apply(self.b, &attn_out, &wo, &mut None)?;
+        let x = self.b.one("Add", &[x, &o], vec![])?;
+
+        let wi = self.st.read(&format!("{p}.mlp.Wi.weight"))?;
+        let smooth_mlp = int8.then(|| smoothing(&wi, h));
+        let gamma = self.norm_weight(
+            &format!("{p}.mlp_norm.weight"),
+            "mlp_norm",
+            smooth_mlp.as_deref(),
         )?;
-        let v = parts.pop().expect("three outputs");
-        let k = parts.pop().expect("three outputs");
-        let q = parts.pop().expect("three outputs");
-        let (cos, sin) = match kind {
-            AttentionKind::Global => &shared.rope_global,
-            AttentionKind::Local => &shared.rope_local,
-        };
-        let rotary = |b: &mut Builder, t: &str| -> ort::Result<String> {
-            Ok(b.op(
-                "RotaryEmbedding",
-                MS_DOMAIN,
-                &[t, &shared.positions, cos, sin],
-                1,
-                vec![attr("interleaved", 0i64)?],
-            )?
-            .remove(0))
-        };
-        let q = rotary(b, &q)?;
-        let k = rotary(b, &k)?;
-        let mha_attrs = || -> ort::Result<Vec<Attribute>> {
-            Ok(vec![
-                attr("num_heads", s.heads as i64)?,
-                attr("scale", (s.head_dim as f32).powf(-0.5))?,
-            ])
-        };
-        let bias = match kind {
-            AttentionKind::Global => shared.global_bias.as_deref(),
-            AttentionKind::Local => shared.local_bias.as_deref(),
-        };
-        match (kind, &shared.blocks) {
-            (AttentionKind::Local, Some(bl)) => {
-                // Blocks of C queries against their 3C-key windows (clamped indices; the
-                // bias masks positions outside the sequence and outside the band).
-                let gather = |b: &mut Builder, t: &str, idx: &str, shape: &str| {
-                    let g = b.one("Gather", &[t, idx], vec![attr("axis", 1i64)?])?;
-                    b.one("Reshape", &[&g, shape], vec![])
-                };
-                let qb = gather(b, &q, &bl.query_index, &bl.query_shape)?;
-                let kb = gather(b, &k, &bl.key_index, &bl.key_shape)?;
-                let vb = gather(b, &v, &bl.key_index, &bl.key_shape)?;
-                let out = b
-                    .op(
-                        "MultiHeadAttention",
-                        MS_DOMAIN,
-                        &[&qb, &kb, &vb, "", "", &bl.bias],
-                        1,
-                        mha_attrs()?,
-                    )?
-                    .remove(0);
-                let out = b.one("Reshape", &[&out, &bl.back_shape], vec![])?;
-                b.one("Slice", &[&out, &bl.zero, &bl.length, &bl.axis1], vec![])
-            }
-            _ => {
-                let inputs: Vec<&str> = match bias {
-                    Some(bias) => vec![&q, &k, &v, "", "", bias],
-                    None => vec![&q, &k, &v],
-                };
-                Ok(
-                    b.op("MultiHeadAttention", MS_DOMAIN, &inputs, 1, mha_attrs()?)?
-                        .remove(0),
-                )
+        // Wi's rows: the GELU input, then the gate.
+        let (wi_in, wi_gate) = wi.split_at(i * h);
+        let wi_in = linear.weight(self.b, wi_in, h, smooth_mlp.as_deref())?;
+        let wi_gate = linear.weight(self.b, wi_gate, h, smooth_mlp.as_deref())?;
+        drop(wi);
+        let wo = self.st.read(&format!("{p}.mlp.Wo.weight"))?;
+        let wo = linear.weight(self.b, &wo, i, None)?;
+        let normed = self.b.layer_norm(&x, &gamma, self.s.eps)?;
+        let mut cache = None;
+        let input = linear.apply(self.b, &normed, &wi_in, &mut cache)?;
+        let gate = linear.apply(self.b, &normed, &wi_gate, &mut cache)?;
+        // transformers' "gelu": the exact erf GELU.
+        let act = self.b.one("Gelu", &[&input], vec![])?;
+        let act = self.b.one("Mul", &[&act, &gate], vec![])?;
+        let m = linear.apply(self.b, &act, &wo, &mut None)?;
+        Ok(self.b.one("Add", &[&x, &m], vec![])?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ops::testing::{Input, builder, max_diff, run, values};
+    use super::*;
+
+    #[test]
+    fn batch_pooling_is_the_mean_over_the_mask() {
+        let (batch, seq, h) = (2, 4, 3);
+        let y = values(batch * seq * h, 41);
+        let mask = vec![1i64, 1, 1, 1, 1, 1, 0, 0];
+        let inputs = [
+            Input::F32("hidden", vec![batch, seq, h], y.clone()),
+            Input::I64("attention_mask", vec![batch, seq], mask.clone()),
+        ];
+        let mut b = builder(&inputs);
+        pooling(&mut b, "hidden", Variant::Batch).unwrap();
+        let got = run(b, &inputs, "sentence_embedding", 2);
+        let mut want = Vec::new();
+        for r in 0..batch {
+            let tokens: Vec<usize> = (0..seq).filter(|&t| mask[r * seq + t] == 1).collect();
+            for c in 0..h {
+                let sum: f32 = tokens.iter().map(|&t| y[(r * seq + t) * h + c]).sum();
+                want.push(sum / tokens.len() as f32);
             }
         }
-    })()
-    .map_err(fail)?;
-    let wo = st.read(&format!("{p}.attn.Wo.weight"))?;
-    let wo = weight(b, shared.linears, &wo, h, None, fail)?;
-    let x = (|| -> ort::Result<String> {
-        let o = linear(b, shared, &attn_out, &wo, &mut None)?;
-        b.one("Add", &[x, &o], vec![])
-    })()
-    .map_err(fail)?;
-
-    let wi = st.read(&format!("{p}.mlp.Wi.weight"))?;
-    let mut gamma = st.read(&format!("{p}.mlp_norm.weight"))?;
-    let smooth_mlp = int8.then(|| smoothing(&wi, h));
-    if let Some(sm) = &smooth_mlp {
-        gamma.iter_mut().zip(sm).for_each(|(g, s)| *g /= s);
+        assert!(max_diff(&got, &want) < 1e-6, "{got:?} vs {want:?}");
     }
-    let gamma = b.init("mlp_norm", &[h as i64], &gamma).map_err(fail)?;
-    // Wi's rows: the GELU input, then the gate.
-    let (wi_in, wi_gate) = wi.split_at(i * h);
-    let wi_in = weight(b, shared.linears, wi_in, h, smooth_mlp.as_deref(), fail)?;
-    let wi_gate = weight(b, shared.linears, wi_gate, h, smooth_mlp.as_deref(), fail)?;
-    drop(wi);
-    let wo = st.read(&format!("{p}.mlp.Wo.weight"))?;
-    let wo = weight(b, shared.linears, &wo, i, None, fail)?;
-    (|| -> ort::Result<String> {
-        let normed = b.layer_norm(&x, &gamma, s.eps)?;
-        let mut cache = None;
-        let input = linear(b, shared, &normed, &wi_in, &mut cache)?;
-        let gate = linear(b, shared, &normed, &wi_gate, &mut cache)?;
-        // transformers' "gelu": the exact erf GELU.
-        let act = b.one("Gelu", &[&input], vec![])?;
-        let act = b.one("Mul", &[&act, &gate], vec![])?;
-        let m = linear(b, shared, &act, &wo, &mut None)?;
-        b.one("Add", &[&x, &m], vec![])
-    })()
-    .map_err(fail)
 }
