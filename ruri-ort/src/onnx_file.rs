@@ -198,7 +198,7 @@ fn extract(
 }
 
 /// The ONNX Runtime [`Backend`]: a pool of sessions over one ONNX file. Reach it from a
-/// [`TextEmbedder`] with `embedder.backend_as::<OrtBackend>()`.
+/// [`TextEmbedder`](ruri_core::TextEmbedder) with `embedder.backend_as::<OrtBackend>()`.
 #[derive(Debug)]
 pub struct OrtBackend {
     pool: Pool<Lane>,

@@ -40,18 +40,14 @@
 //! to a commit and lists its files; only the files missing from that commit's snapshot are
 //! fetched. When the Hub cannot be reached (a network failure, not an HTTP error), or with
 //! `HF_HUB_OFFLINE=1`, the cache answers: `refs/<revision>` (or the commit itself) names the
-//! snapshot, and the files the backend needs must be in it, else
-//! [`Error::NotCached`](crate::Error::NotCached).
+//! snapshot, and the files the backend needs must be in it, else [`Error::NotCached`].
 //!
 //! # Errors
 //!
-//! [`Error::RepoNotFound`](crate::Error::RepoNotFound),
-//! [`Error::RevisionNotFound`](crate::Error::RevisionNotFound),
-//! [`Error::RemoteFileNotFound`](crate::Error::RemoteFileNotFound) (listing the repository's
-//! files), [`Error::AccessDenied`](crate::Error::AccessDenied) (401/403, gated or private,
-//! naming the [`TokenSource`] used, never the token), [`Error::Network`](crate::Error::Network),
-//! [`Error::HttpStatus`](crate::Error::HttpStatus), [`Error::Download`](crate::Error::Download)
-//! and [`Error::NotCached`](crate::Error::NotCached).
+//! [`Error::RepoNotFound`], [`Error::RevisionNotFound`], [`Error::RemoteFileNotFound`]
+//! (listing the repository's files), [`Error::AccessDenied`] (401/403, gated or private,
+//! naming the [`TokenSource`] used, never the token), [`Error::Network`],
+//! [`Error::HttpStatus`], [`Error::Download`] and [`Error::NotCached`].
 //!
 //! ```no_run
 //! use ruri_core::hub::{Hub, HubRepo};
