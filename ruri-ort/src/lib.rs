@@ -89,6 +89,9 @@
 //! `sessions × intra_threads` matches the cores you want used.
 
 #![deny(missing_docs)]
+// This crate needs `unsafe` (ONNX Runtime is loaded from a shared library; weights are
+// memory-mapped): each block says why it is sound.
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 mod builder;
 mod discover;
