@@ -2,6 +2,7 @@
 //! into `blobs/`), read offline and written after each download.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::download::Session;
 use super::{RemoteFiles, is_commit};
@@ -109,12 +110,16 @@ pub(super) fn write_ref(storage: &Path, revision: &str, commit: &str) -> Result<
     };
     let parent = path.parent().expect("refs/ is above the ref");
     std::fs::create_dir_all(parent).map_err(io)?;
+    // One temporary file per writer: threads of one process share the pid, and two writers
+    // renaming the same temporary file make the second rename fail (it is gone).
+    static WRITERS: AtomicU64 = AtomicU64::new(0);
     let temporary = parent.join(format!(
-        ".{}.{}.tmp",
+        ".{}.{}.{}.tmp",
         path.file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default(),
-        std::process::id()
+        std::process::id(),
+        WRITERS.fetch_add(1, Ordering::Relaxed)
     ));
     std::fs::write(&temporary, commit).map_err(io)?;
     std::fs::rename(&temporary, &path).map_err(io)
@@ -148,6 +153,29 @@ pub(super) fn link(blob: &Path, pointer: &Path, path: &str) -> std::io::Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn concurrent_ref_writers_all_succeed() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = dir.path();
+        let writers: Vec<_> = (0..4u8)
+            .map(|w| {
+                let storage = storage.to_path_buf();
+                std::thread::spawn(move || {
+                    for round in 0..50u8 {
+                        // Distinct commits, so that no write is skipped as already done.
+                        let commit = format!("{w:02x}{round:02x}").repeat(10);
+                        write_ref(&storage, "main", &commit).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for writer in writers {
+            writer.join().unwrap();
+        }
+        let commit = std::fs::read_to_string(storage.join("refs").join("main")).unwrap();
+        assert_eq!(commit.len(), 40, "{commit:?}");
+    }
 
     #[test]
     fn snapshot_links_are_relative_to_the_blob() {
