@@ -32,8 +32,8 @@ pub fn gpu_batching(max_batch_tokens: usize) -> BatchOptions {
 
 impl Device {
     /// The batch limits this device runs best with, used by
-    /// [`ruri_candle::CandleBuilder`](crate::ruri_candle::CandleBuilder) unless
-    /// [`batching`](crate::ruri_candle::CandleBuilder::batching) sets others: the pipeline's
+    /// [`CandleBuilder`](crate::CandleBuilder) unless
+    /// [`batching`](crate::CandleBuilder::batching) sets others: the pipeline's
     /// defaults on CPU, [`gpu_batching`]`(`[`GPU_MAX_BATCH_TOKENS`]`)` on CUDA.
     pub fn advised_batching(self) -> BatchOptions {
         match self {

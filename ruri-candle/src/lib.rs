@@ -83,6 +83,8 @@
 //!   [`ruri_core::Error::InvalidOption`].
 
 #![deny(missing_docs)]
+// Weights are memory-mapped, which needs `unsafe`: each block says why it is sound.
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 mod attention;
 mod batching;

@@ -6,9 +6,9 @@
 //! * one error enum, [`Error`], with structured variants;
 //! * [`ModelDir`]: a model folder in either layout (sentence-transformers, or an ONNX port),
 //!   with `config.json` in either the transformers 4 or 5 spelling;
-//! * the one [`Pipeline`]: tokenize (with the Ruri prompt) → sort by length → pack batches under
-//!   a padded-token budget → [`Backend`] → mean pooling under the mask → L2 normalization →
-//!   input order.
+//! * the one pipeline, [`TextEmbedder`]: tokenize (with the Ruri prompt) → sort by length →
+//!   pack batches under a padded-token budget → [`Backend`] → mean pooling under the mask →
+//!   L2 normalization → input order.
 //!
 //! A backend crate (`ruri-ort`, `ruri-candle`) only implements [`Backend`]: a padded batch of
 //! ids in, vectors out.

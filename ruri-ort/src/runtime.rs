@@ -15,8 +15,10 @@ use ruri_core::{Error, Result};
 /// The ONNX Runtime version `tools/fetch-onnxruntime.sh` installs and the tests use.
 pub const ONNXRUNTIME_VERSION: &str = "1.31.1";
 
-/// The oldest ONNX Runtime `ort`'s `api-22` feature accepts.
-const MIN_VERSION: (u32, u32) = (1, 22);
+/// The oldest ONNX Runtime ruri runs. `ort`'s `api-22` feature accepts 1.22, but 1.22.0 aborts
+/// the process (a failed assertion on an empty `OrtEpDevice` list) when `ort` creates a
+/// session, so it is refused here with a typed error instead.
+const MIN_VERSION: (u32, u32) = (1, 23);
 
 /// File name of the library in the onnxruntime wheel.
 fn library_file_name() -> String {
@@ -44,7 +46,7 @@ pub fn default_install_dir() -> Option<PathBuf> {
     Some(base.join(format!("onnxruntime-{ONNXRUNTIME_VERSION}")))
 }
 
-const HELP: &str = "ruri needs the ONNX Runtime shared library, 1.22 or newer (tested: \
+const HELP: &str = "ruri needs the ONNX Runtime shared library, 1.23 or newer (tested: \
 1.31.1). Any one of these works:
   1. The library inside the onnxruntime wheel from PyPI, unpacked where ruri looks by \
 default (~/.cache/ruri/onnxruntime-1.31.1/, or $RURI_CACHE_DIR/onnxruntime-1.31.1/):

@@ -1,7 +1,7 @@
 //! `ruri._ruri`: the extension module under the `ruri` Python package.
 //!
 //! Python users hold `ruri.Embedder` (python/ruri/__init__.py), which checks
-//! sentence-transformers' arguments and calls the one class here, [`Engine`]: a
+//! sentence-transformers' arguments and calls the one class here, `Engine`: a
 //! [`ruri::TextEmbedder`] (ONNX Runtime or candle) with the GIL released while it loads,
 //! tokenizes and runs. Vectors come back as a NumPy array that owns the `Vec<f32>` the
 //! pipeline filled: no copy. Errors become the `ruri.RuriError` subclasses of

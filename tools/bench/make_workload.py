@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write the fixed, seeded benchmark workload into testdata/generated/bench/.
 
-    /work/pyenv/bin/python tools/bench/make_workload.py            # defaults below
+    .venv-testdata/bin/python tools/bench/make_workload.py            # defaults below
     python tools/bench/make_workload.py --corpus ... --tokenizer ... --out-dir ...
 
 Outputs (the directory is git-ignored; the corpus is GPL/mixed, never commit its text):

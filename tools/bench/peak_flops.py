@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Measure this machine's fp32 matmul (sgemm) peak and the model's FLOPs per token.
 
-    /work/pyenv/bin/python tools/bench/peak_flops.py [--repeats 20] [--threads N] [--out f.json]
+    .venv-testdata/bin/python tools/bench/peak_flops.py [--repeats 20] [--threads N] [--out f.json]
 
 Peak: median time of C = A·B over --repeats runs (after warm-up) for a square 2048³
 sgemm and for the model's own shapes at a batch of 32 × the workload's mean length

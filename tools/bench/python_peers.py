@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Measure the Python peers of ruri on the fixed workload, each in a fresh subprocess.
 
-    /work/pyenv/bin/python tools/bench/python_peers.py --repeats 5 --out peers.jsonl
-    python tools/bench/python_peers.py --systems ort_py_int8_sorted --repeats 1 --limit-docs 256
+    .venv-testdata/bin/python tools/bench/python_peers.py --repeats 5 --out peers.jsonl
+    .venv-testdata/bin/python tools/bench/python_peers.py --systems ort_py_int8_sorted --repeats 1 --limit-docs 256
     .venv-testdata/bin/python tools/bench/python_peers.py --rounds 5 --repeats 3 \
         --systems st_fp32,ruri_python_int8,ruri_python_fp32 --out python_rounds.jsonl
 
