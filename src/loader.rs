@@ -503,8 +503,8 @@ impl EmbedderConfig {
                 refuse(
                     name,
                     value.to_string(),
-                    "an ONNX Runtime option here (candle follows RAYON_NUM_THREADS; the \
-                     native engine takes threads, not sessions)",
+                    "threads and sessions are ONNX Runtime options (candle follows \
+                     RAYON_NUM_THREADS; the native engine takes threads, not sessions)",
                 )?;
             }
         }

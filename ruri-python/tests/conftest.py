@@ -46,7 +46,17 @@ def candle_fp32() -> ruri.Embedder:
     return ruri.Embedder(TINY, backend="candle")
 
 
-@pytest.fixture(params=["ort_fp32", "candle_fp32"])
+@pytest.fixture(scope="session")
+def native_fp32() -> ruri.Embedder:
+    return ruri.Embedder(TINY, backend="native", precision="fp32")
+
+
+@pytest.fixture(scope="session")
+def native_int8() -> ruri.Embedder:
+    return ruri.Embedder(TINY, backend="native")
+
+
+@pytest.fixture(params=["ort_fp32", "candle_fp32", "native_fp32"])
 def fp32(request) -> ruri.Embedder:
     """Every fp32 embedder: each must equal sentence-transformers within 1e-5."""
     return request.getfixturevalue(request.param)

@@ -1,7 +1,7 @@
 """Vectors against the committed sentence-transformers references, through the Python API.
 
 Tolerances are those of the Rust parity suite (tests/parity.rs), stated once here:
-- fp32 (ort and candle) vs sentence-transformers fp32: max |Δ| ≤ 1e-5 on raw and normalized
+- fp32 (ort, candle and native) vs sentence-transformers fp32: max |Δ| ≤ 1e-5 on raw and normalized
   vectors (the same math; only summation order differs).
 - ort int8 vs sentence-transformers fp32: cosine ≥ 0.995, and ≥ 0.99 over the channels other
   than the planted outlier channel (which holds ≈ 0.8 of each unit vector and hides errors),
@@ -86,6 +86,21 @@ def test_int8_within_quantization_bound_alone_and_batched(ort_int8, tiny_referen
                 f"{label} {item['id']}: cosine without the outlier {c_rest}"
     print(f"int8 vs sentence-transformers fp32: min cosine {worst[0]:.5f}, "
           f"without the outlier {worst[1]:.5f}")
+
+
+def test_native_int8_is_within_the_bound_and_batch_independent(native_int8, tiny_reference):
+    """The native engine's int8 (exact integer kernels, per-row activations): within the same
+    quantization bound, and each vector has the same bits alone and in a batch."""
+    items = tiny_reference["items"]
+    outlier = tiny_reference.get("outlier_channel")
+    alone = np.stack([native_int8.encode(i["text"], prompt_name=i["prompt_name"]) for i in items])
+    batched = native_int8.encode([i["prompt"] + i["text"] for i in items], batch_size=32)
+    assert np.array_equal(alone, batched)
+    for item, v in zip(items, alone):
+        ref = st(item, False)
+        assert cosine(v, ref) >= INT8_MIN_COSINE, item["id"]
+        assert cosine(without(v, outlier), without(ref, outlier)) >= \
+            INT8_MIN_COSINE_WITHOUT_OUTLIER, item["id"]
 
 
 def test_int8_is_not_fp32(ort_int8, ort_fp32, tiny_reference):

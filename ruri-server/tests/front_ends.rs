@@ -23,7 +23,7 @@ struct ExampleArgs {
 
 /// The refusal the loader owes each combination, as (option, value): written from the
 /// backends' documented precisions (ort: fp32, int8, fp16; candle: fp32, bf16, fp16, and no
-/// ONNX files), not computed by the loader.
+/// ONNX files; native: fp32, int8, and no ONNX files), not computed by the loader.
 fn refusal(
     backend: &str,
     precision: &str,
@@ -33,6 +33,11 @@ fn refusal(
         ("ort", "bf16", _) => Some(("precision", "bf16")),
         ("candle", "int8", _) => Some(("precision", "int8")),
         ("candle", _, true) => Some(("onnx_file", "model.onnx")),
+        ("native", "fp16" | "bf16", _) => Some((
+            "precision",
+            if precision == "fp16" { "fp16" } else { "bf16" },
+        )),
+        ("native", _, true) => Some(("onnx_file", "model.onnx")),
         _ => None,
     }
 }
@@ -81,7 +86,7 @@ fn server_from_env(vars: &[(&str, &str)]) -> ruri_server::cli::Args {
 #[test]
 fn every_front_end_reaches_the_same_config_and_the_same_refusal() {
     let mut checked = 0;
-    for backend in ["ort", "candle"] {
+    for backend in ["ort", "candle", "native"] {
         for precision in ["fp32", "int8", "fp16", "bf16"] {
             for whitespace in ["keep", "strip"] {
                 for onnx_file in [false, true] {
@@ -111,7 +116,8 @@ fn every_front_end_reaches_the_same_config_and_the_same_refusal() {
                     let mut wanted = EmbedderConfig::new()
                         .backend(match backend {
                             "ort" => BackendKind::Ort,
-                            _ => BackendKind::Candle,
+                            "candle" => BackendKind::Candle,
+                            _ => BackendKind::Native,
                         })
                         .precision(match precision {
                             "fp32" => Precision::Fp32,
@@ -174,7 +180,7 @@ fn every_front_end_reaches_the_same_config_and_the_same_refusal() {
             }
         }
     }
-    assert_eq!(checked, 2 * 4 * 2 * 2);
+    assert_eq!(checked, 3 * 4 * 2 * 2);
 
     // ONNX Runtime's options with candle: the server's flags, its variables and Python's
     // keyword get one refusal (ruri's Python package raises UnsupportedArgumentError before

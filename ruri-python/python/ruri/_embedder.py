@@ -19,7 +19,7 @@ logger = logging.getLogger("ruri")
 
 Sentences = Union[str, Sequence[str], np.ndarray]
 
-_DEFAULT_PRECISION = {"ort": "int8", "candle": "fp32"}
+_DEFAULT_PRECISION = {"ort": "int8", "candle": "fp32", "native": "int8"}
 _LIBRARY_PATTERNS = ("libonnxruntime.so.*", "libonnxruntime.so", "libonnxruntime.*.dylib",
                      "libonnxruntime.dylib", "onnxruntime.dll")
 
@@ -89,9 +89,11 @@ class Embedder:
             id (``"cl-nagoya/ruri-v3-30m"``), downloaded into the standard Hugging Face cache
             (only the files the backend runs) or found there. An existing folder wins over an
             id of the same spelling.
-        backend: ``"ort"`` (ONNX Runtime; default) or ``"candle"`` (reads model.safetensors).
+        backend: ``"ort"`` (ONNX Runtime; default), ``"native"`` (ruri's own pure-Rust
+            engine; reads model.safetensors) or ``"candle"`` (reads model.safetensors).
         precision: ort: ``"int8"`` (default; the quantized ONNX file), ``"fp32"``,
-            ``"fp16"``. candle: ``"fp32"`` (default), ``"bf16"``, ``"fp16"``.
+            ``"fp16"``. native: ``"int8"`` (default), ``"fp32"``. candle: ``"fp32"``
+            (default), ``"bf16"``, ``"fp16"``.
         whitespace: ``"keep"`` (default): prompt + text are tokenized as given, as
             sentence-transformers >= 5.4 does. ``"strip"``: stripped like Python's
             ``str.strip()``, as sentence-transformers 2.x-5.3 did (the versions Ruri v3 was
@@ -108,7 +110,7 @@ class Embedder:
             if set, else the library of the installed ``onnxruntime`` wheel, else ruri's own
             search (``~/.cache/ruri/onnxruntime-<version>/``, the system path).
         intra_threads: ort: threads per session inside an operator (default: one per
-            physical core).
+            physical core); native: worker threads (default: one per core).
         sessions: ort: sessions run at once (default 1).
         max_batch_tokens: The padded-token budget per batch (default 8192).
 
@@ -152,8 +154,10 @@ class Embedder:
                 f"device={device!r} is not supported: ruri's Python package runs on the CPU "
                 "(device=None or 'cpu')")
         if backend != "ort":
-            for name, value in (("runtime_path", runtime_path), ("intra_threads", intra_threads),
-                                ("sessions", sessions)):
+            ort_only = [("runtime_path", runtime_path), ("sessions", sessions)]
+            if backend != "native":
+                ort_only.append(("intra_threads", intra_threads))
+            for name, value in ort_only:
                 if value is not None:
                     raise UnsupportedArgumentError(
                         f"{name} is an option of the ort backend, not of {backend!r}")
