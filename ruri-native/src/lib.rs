@@ -355,7 +355,9 @@ impl Backend for NativeBackend {
         let groups = self.groups(&offsets);
         match (&self.pool, groups.len()) {
             (Some(pool), n) if n > 1 => {
-                let mut results: Vec<Result<()>> = Vec::new();
+                // One result slot per group, written by its task (a blocking wait inside the
+                // scope would hold a worker and serialize the groups).
+                let mut results: Vec<Result<()>> = (0..n).map(|_| Ok(())).collect();
                 let mut chunks = Vec::with_capacity(n);
                 let mut rest = out.as_mut_slice();
                 for g in &groups {
@@ -364,9 +366,7 @@ impl Backend for NativeBackend {
                     rest = tail;
                 }
                 pool.scope(|s| {
-                    let (tx, rx) = std::sync::mpsc::channel();
-                    for (g, chunk) in groups.iter().zip(chunks) {
-                        let tx = tx.clone();
+                    for ((g, chunk), result) in groups.iter().zip(chunks).zip(&mut results) {
                         let (ids, positions, offsets) = (&ids, &positions, &offsets);
                         s.spawn(move |_| {
                             let base = offsets[g.start];
@@ -378,12 +378,9 @@ impl Backend for NativeBackend {
                                 positions: &positions[base..end],
                                 offsets: &local,
                             };
-                            // The receiver outlives the scope: sending cannot fail.
-                            let _ = tx.send(self.model.embed(&packed, chunk, None));
+                            *result = self.model.embed(&packed, chunk, None);
                         });
                     }
-                    drop(tx);
-                    results.extend(rx);
                 });
                 results.into_iter().collect::<Result<()>>()?;
             }
