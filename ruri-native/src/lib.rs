@@ -219,26 +219,35 @@ pub struct NativeBackend {
 impl NativeBackend {
     /// Loads `model.safetensors` of `dir` as `builder` says.
     pub fn load(dir: &ModelDir, builder: &NativeBuilder) -> Result<Self> {
-        let config = dir.config();
+        let weights = dir.file("model.safetensors")?;
         let config_path = dir.path().join("config.json");
-        if config.hidden_activation != "gelu" {
-            return Err(Error::Unsupported {
-                path: config_path,
-                what: format!(
-                    "hidden_activation {:?} (Ruri v3 uses \"gelu\", the erf GELU)",
-                    config.hidden_activation
-                ),
-            });
-        }
-        if !config.head_dim().is_multiple_of(2) {
-            return Err(Error::InvalidConfig {
-                path: config_path,
-                reason: format!(
-                    "head dimension {} is odd: RoPE needs pairs",
-                    config.head_dim()
-                ),
-            });
-        }
+        check_config(dir.config(), &config_path)?;
+        let safetensors = Safetensors::open(&weights, dir.config())?;
+        Self::prepare(dir.config(), safetensors, builder, weights)
+    }
+
+    /// A backend from a `config.json` text and the bytes of `model.safetensors`, with no
+    /// file system (WebAssembly hosts pass both in): hand it to
+    /// [`TextEmbedder::new`](ruri_core::TextEmbedder::new) with a tokenizer. Errors as
+    /// [`load`](Self::load)'s; the bytes are read in place, not copied.
+    pub fn from_bytes(
+        builder: &NativeBuilder,
+        config_json: &str,
+        safetensors: impl Into<std::sync::Arc<[u8]>>,
+    ) -> Result<Self> {
+        let config = ruri_core::ModelConfig::from_json_str(config_json, "config.json")?;
+        check_config(&config, Path::new("config.json"))?;
+        let label = PathBuf::from("model.safetensors");
+        let safetensors = Safetensors::from_bytes(label.clone(), safetensors.into(), &config)?;
+        Self::prepare(&config, safetensors, builder, label)
+    }
+
+    fn prepare(
+        config: &ruri_core::ModelConfig,
+        safetensors: Safetensors,
+        builder: &NativeBuilder,
+        weights: PathBuf,
+    ) -> Result<Self> {
         let kernel = match builder.kernel {
             Some(kernel) => {
                 kernel.ensure_available("kernel")?;
@@ -257,8 +266,6 @@ impl NativeBackend {
             Some(n) => n,
             None => std::thread::available_parallelism().map_or(1, |n| n.get()),
         };
-        let weights = dir.file("model.safetensors")?;
-        let safetensors = Safetensors::open(&weights, config)?;
         let model = Model::load(
             config,
             safetensors,
@@ -313,6 +320,26 @@ impl NativeBackend {
     pub fn weight_bytes(&self) -> usize {
         self.model.weight_bytes()
     }
+}
+
+/// What the engine refuses in a `config.json` that parsed (as candle does).
+fn check_config(config: &ruri_core::ModelConfig, config_path: &Path) -> Result<()> {
+    if config.hidden_activation != "gelu" {
+        return Err(Error::Unsupported {
+            path: config_path.to_path_buf(),
+            what: format!(
+                "hidden_activation {:?} (Ruri v3 uses \"gelu\", the erf GELU)",
+                config.hidden_activation
+            ),
+        });
+    }
+    if !config.head_dim().is_multiple_of(2) {
+        return Err(Error::InvalidConfig {
+            path: config_path.to_path_buf(),
+            reason: format!("head dimension {} is odd: RoPE needs pairs", config.head_dim()),
+        });
+    }
+    Ok(())
 }
 
 impl Backend for NativeBackend {

@@ -45,8 +45,7 @@ struct Entry {
 #[derive(Debug)]
 pub(crate) enum Source {
     File(File),
-    /// The WebAssembly build's source (weights passed in as bytes); tests use it now.
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// Bytes already in memory (`NativeBackend::from_bytes`).
     Bytes(Arc<[u8]>),
 }
 
@@ -114,7 +113,6 @@ impl Safetensors {
     }
 
     /// Bytes already in memory; `label` names them in errors.
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn from_bytes(
         label: PathBuf,
         bytes: Arc<[u8]>,

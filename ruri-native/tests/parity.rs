@@ -212,3 +212,24 @@ fn int8_matches_the_numpy_reference() {
     assert!(normalized.max_abs_diff <= 1e-5, "{normalized:?}");
     assert!(raw.max_abs_diff <= 1e-5, "{raw:?}");
 }
+
+/// The file-system-free constructor (WebAssembly's) reads the same bytes the same way.
+#[test]
+fn from_bytes_gives_the_bits_of_from_dir() {
+    let dir = tiny_model_dir();
+    let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let builder = ruri_native::builder().threads(1);
+    let backend = ruri_native::NativeBackend::from_bytes(&builder, &config, bytes).unwrap();
+    let folder = ruri_core::ModelDir::open(&dir).unwrap();
+    let e = TextEmbedder::new(
+        folder.tokenizer().unwrap(),
+        folder.prompts().clone(),
+        backend,
+        None,
+    )
+    .unwrap();
+    let reference = Reference::tiny();
+    let expected = alone(&embedder(Precision::Int8, None, 1), &reference.items);
+    assert_eq!(alone(&e, &reference.items), expected);
+}
