@@ -20,15 +20,16 @@ const OUTLIER_NORM_RATIO: f32 = 0.25;
 const MAX_OUTLIERS: usize = 8;
 
 /// Below this many rows a layer runs on one thread: splitting costs more than it saves.
-const PARALLEL_MIN_ROWS: usize = 12;
-/// Rows are split in multiples of the microkernels' tile height.
-const ROW_GRAIN: usize = 6;
+const PARALLEL_MIN_ROWS: usize = 4;
+/// Rows are split evenly (the microkernels take tiles of any height up to theirs; a query
+/// of 10 tokens splits 5 + 5 rather than 6 + 4).
+const ROW_GRAIN: usize = 1;
 
 /// How a layer's weights are held.
 #[derive(Debug)]
 pub(crate) enum Linear {
     Fp32 {
-        /// `n × k`, one row per output channel.
+        /// Packed by `simd_f32::pack_fp32`.
         w: Vec<f32>,
         n: usize,
         k: usize,
@@ -78,7 +79,11 @@ pub(crate) fn detect_outliers(w: &[f32], n: usize, k: usize) -> Vec<usize> {
 impl Linear {
     /// An fp32 layer from `n × k` weights.
     pub(crate) fn fp32(w: Vec<f32>, n: usize, k: usize) -> Self {
-        Linear::Fp32 { w, n, k }
+        Linear::Fp32 {
+            w: simd_f32::pack_fp32(&w, n, k),
+            n,
+            k,
+        }
     }
 
     /// An int8 layer from `n × k` fp32 weights; `outliers` as [`detect_outliers`] gives.
@@ -182,7 +187,7 @@ impl Linear {
             return;
         }
         match self {
-            Linear::Fp32 { w, .. } => fp32_gemm(x, w, rows, n, k, out, accumulate),
+            Linear::Fp32 { w, .. } => simd_f32::fp32_gemm(x, rows, k, w, n, out, accumulate),
             Linear::Int8 {
                 packed,
                 outliers,
@@ -278,46 +283,6 @@ fn dequantize(
         for (o, &t) in out.iter_mut().zip(&tmp) {
             *o += t;
         }
-    }
-}
-
-/// `out (+)= x · wᵀ` with the `gemm` crate on this thread.
-fn fp32_gemm(
-    x: &[f32],
-    w: &[f32],
-    m: usize,
-    n: usize,
-    k: usize,
-    out: &mut [f32],
-    accumulate: bool,
-) {
-    assert!(x.len() >= m * k && w.len() >= n * k && out.len() >= m * n);
-    // SAFETY: every pointer addresses a buffer at least as large as the strides reach
-    // (asserted above): dst m × n row-major (row stride n, column stride 1), lhs m × k
-    // row-major, rhs = wᵀ, k × n, read from w's n × k rows (row stride 1, column stride
-    // k). The buffers do not overlap (`out` is borrowed mutably).
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            out.as_mut_ptr(),
-            1,
-            n as isize,
-            accumulate,
-            x.as_ptr(),
-            1,
-            k as isize,
-            w.as_ptr(),
-            k as isize,
-            1,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
     }
 }
 
