@@ -36,7 +36,8 @@ struct Args {
     /// ONNX files; _x2: two single-threaded sessions), fused_fp32, fused_int8, fused_fp32_x2,
     /// fused_int8_x2 (ruri's fused graph from model.safetensors), fused_int8_pertensor
     /// (fused, int8 activations per tensor), native_int8, native_fp32 (ruri's own engine, one
-    /// worker per core), native_int8_t1, native_fp32_t1 (one thread), candle_f32, candle_bf16.
+    /// worker per core), native_int8_t1, native_fp32_t1 (one thread), native_int8_plain
+    /// (no outlier channels in f32), candle_f32, candle_bf16.
     #[arg(long, default_value = "ort_int8,ort_fp32")]
     systems: String,
     /// Timed passes over the documents (the median is reported).
@@ -153,9 +154,10 @@ fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn E
             .map(|e| Box::new(e) as Box<dyn Embedder>)
             .map_err(describe)
     };
-    let native = |precision: ruri::native::Precision, threads: Option<usize>| {
+    let native_with = |precision: ruri::native::Precision, threads: Option<usize>, outliers| {
         let mut builder = ruri::native::builder()
             .precision(precision)
+            .outlier_channels(outliers)
             .batching(batching);
         if let Some(t) = threads.or(args.threads) {
             builder = builder.threads(t);
@@ -165,6 +167,7 @@ fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn E
             .map(|e| Box::new(e) as Box<dyn Embedder>)
             .map_err(describe)
     };
+    let native = |precision, threads| native_with(precision, threads, true);
     match system {
         "ort_fp32" => ort(Graph::OnnxFile, Precision::Fp32, 1),
         "ort_int8" => ort(Graph::OnnxFile, Precision::Int8, 1),
@@ -181,6 +184,7 @@ fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn E
         "native_fp32" => native(ruri::native::Precision::Fp32, None),
         "native_int8_t1" => native(ruri::native::Precision::Int8, Some(1)),
         "native_fp32_t1" => native(ruri::native::Precision::Fp32, Some(1)),
+        "native_int8_plain" => native_with(ruri::native::Precision::Int8, None, false),
         "candle_f32" => candle(DType::F32),
         "candle_bf16" => candle(DType::BF16),
         other => Err(format!("unknown system {other:?}")),
