@@ -200,7 +200,8 @@ def test_hostile_texts_never_crash_the_process():
      "invalid option precision = bf16: ONNX Runtime runs fp32, int8 and fp16; "
      "bf16 needs backend candle"),
     ({"backend": "candle", "precision": "int8"},
-     "invalid option precision = int8: candle runs fp32, bf16 and fp16; int8 needs backend ort"),
+     "invalid option precision = int8: candle runs fp32, bf16 and fp16; "
+     "int8 needs backend ort or native"),
 ])
 def test_unsupported_combinations_get_the_loaders_error(kwargs, message):
     with pytest.raises(ruri.InputError) as e:
