@@ -1,6 +1,7 @@
-//! Hostile inputs on every backend (ort fp32, ort int8, candle f32): each test is a row of
-//! docs/hostile-inputs.md. A text gets a typed error or a correct vector, never a panic, never
-//! a dropped or reordered item. "Correct" means equal to Python: the expected token ids and
+//! Hostile inputs on every backend (ort fp32, ort int8, candle f32, native fp32 and int8):
+//! each test is a row of docs/hostile-inputs.md. A text gets a typed error or a correct
+//! vector, never a panic, never a dropped or reordered item. "Correct" means equal to
+//! Python: the expected token ids and
 //! vectors come from testdata/reference/tiny.json and tiny_hostile.json (made by
 //! sentence-transformers and onnxruntime-Python, see testdata/README.md), never from ruri.
 
@@ -39,6 +40,14 @@ fn backends() -> &'static [Backend] {
                     .unwrap(),
             )
         };
+        let native = |precision| -> Box<dyn Embedder> {
+            Box::new(
+                ruri::native::builder()
+                    .precision(precision)
+                    .build_from_dir(tiny_model_dir())
+                    .unwrap(),
+            )
+        };
         vec![
             Backend {
                 name: "ort fp32",
@@ -70,6 +79,22 @@ fn backends() -> &'static [Backend] {
                 reference: |i| &i.st_fp32,
                 alone_max_abs_diff: 1e-5,
                 in_batch_min_cosine: 0.99999,
+            },
+            Backend {
+                name: "native fp32",
+                embedder: native(ruri::native::Precision::Fp32),
+                reference: |i| &i.st_fp32,
+                alone_max_abs_diff: 1e-5,
+                in_batch_min_cosine: 0.99999,
+            },
+            Backend {
+                name: "native int8",
+                embedder: native(ruri::native::Precision::Int8),
+                // The quantization error against fp32 (ruri-native/tests/parity.rs measures
+                // max |Δ| 1.1e-2 on the committed inputs); batches change no bit.
+                reference: |i| &i.st_fp32,
+                alone_max_abs_diff: 5e-2,
+                in_batch_min_cosine: 0.995,
             },
         ]
     })
