@@ -1,9 +1,9 @@
 //! Hostile inputs on every backend (ort fp32, ort int8, candle f32, native fp32 and int8):
 //! each test is a row of docs/hostile-inputs.md. A text gets a typed error or a correct
 //! vector, never a panic, never a dropped or reordered item. "Correct" means equal to
-//! Python: the expected token ids and
-//! vectors come from testdata/reference/tiny.json and tiny_hostile.json (made by
-//! sentence-transformers and onnxruntime-Python, see testdata/README.md), never from ruri.
+//! Python: the expected token ids and vectors come from testdata/reference/tiny.json and
+//! tiny_hostile.json (made by sentence-transformers and onnxruntime-Python, see
+//! testdata/README.md), never from ruri.
 
 use std::sync::OnceLock;
 
