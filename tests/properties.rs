@@ -4,8 +4,8 @@
 //!
 //! * no panic, and every call with the default policy succeeds;
 //! * one unit-length, finite vector per text, in input order: each equal to the same text
-//!   embedded alone within 1e-6 (fp32; int8 with batches of one, which makes it
-//!   batch-independent, see README);
+//!   embedded alone within 1e-6 (fp32; ort int8 with batches of one, which makes it
+//!   batch-independent, see README; the native engine's int8 in any batch);
 //! * token counts and truncation flags as the tokenizer gives them;
 //! * under `Truncation::Error`, refused exactly when a text is too long, naming the first.
 //!
@@ -129,6 +129,28 @@ proptest! {
         static EMBEDDER: OnceLock<TextEmbedder> = OnceLock::new();
         let embedder = EMBEDDER
             .get_or_init(|| ruri::candle::builder().build_from_dir(tiny_model_dir()).unwrap());
+        check(embedder, &texts, task)?;
+    }
+
+    /// The native engine's int8 in its default batches: batch-independent by construction
+    /// (per-row activations, exact integer sums), so batched equals alone here too.
+    #[test]
+    fn native_int8(texts in texts(), task in task()) {
+        static EMBEDDER: OnceLock<TextEmbedder> = OnceLock::new();
+        let embedder = EMBEDDER
+            .get_or_init(|| ruri::native::builder().build_from_dir(tiny_model_dir()).unwrap());
+        check(embedder, &texts, task)?;
+    }
+
+    #[test]
+    fn native_fp32(texts in texts(), task in task()) {
+        static EMBEDDER: OnceLock<TextEmbedder> = OnceLock::new();
+        let embedder = EMBEDDER.get_or_init(|| {
+            ruri::native::builder()
+                .precision(ruri::native::Precision::Fp32)
+                .build_from_dir(tiny_model_dir())
+                .unwrap()
+        });
         check(embedder, &texts, task)?;
     }
 }
