@@ -1,4 +1,5 @@
-//! Broken model folders on every backend (ort fp32, ort int8, candle f32): a typed error whose
+//! Broken model folders on every backend (ort fp32, ort int8, candle f32, native int8): a
+//! typed error whose
 //! message names the problem, or, where a backend does not read the broken file, a loaded
 //! model equal to Python. Never a panic. Rows of docs/hostile-inputs.md.
 
@@ -14,11 +15,12 @@ enum Backend {
     OrtFp32,
     OrtInt8,
     Candle,
+    Native,
 }
 
-use Backend::{Candle, OrtFp32, OrtInt8};
+use Backend::{Candle, Native, OrtFp32, OrtInt8};
 
-const ALL: &[Backend] = &[OrtFp32, OrtInt8, Candle];
+const ALL: &[Backend] = &[OrtFp32, OrtInt8, Candle, Native];
 
 fn build(backend: Backend, dir: &Path) -> ruri::Result<Box<dyn Embedder>> {
     Ok(match backend {
@@ -33,6 +35,7 @@ fn build(backend: Backend, dir: &Path) -> ruri::Result<Box<dyn Embedder>> {
                 .build_from_dir(dir)?,
         ),
         Candle => Box::new(ruri::candle::builder().build_from_dir(dir)?),
+        Native => Box::new(ruri::native::builder().build_from_dir(dir)?),
     })
 }
 
@@ -48,12 +51,14 @@ fn assert_works(backend: Backend, embedder: &dyn Embedder, case: &str) {
     let e = embedder.embed_documents(&[&item.text]).unwrap();
     let expected = match backend {
         OrtInt8 => &item.ort_int8.normalized,
-        OrtFp32 | Candle => &item.st_fp32.normalized,
+        OrtFp32 | Candle | Native => &item.st_fp32.normalized,
     };
     let diff = max_abs_diff(e.get(0).unwrap(), expected);
     // int8 equals onnxruntime-Python only on the reference machine's int8 kernels; elsewhere
     // it is within the quantization error (tests/parity.rs).
-    let tolerance = if backend == OrtInt8 && !reference.int8_kernels_match() {
+    // The native engine's int8 against fp32: the quantization error (1.1e-2 measured).
+    let tolerance = if (backend == OrtInt8 && !reference.int8_kernels_match()) || backend == Native
+    {
         5e-2
     } else {
         1e-5
@@ -127,13 +132,14 @@ fn invalid_tokenizer(e: &Error) -> bool {
 fn ort_error(e: &Error) -> bool {
     matches!(e, Error::Backend { backend: "ort", .. })
 }
-fn candle_error(e: &Error) -> bool {
+/// A broken `model.safetensors`: candle's own error, or the native engine's header check.
+fn safetensors_error(e: &Error) -> bool {
     matches!(
         e,
         Error::Backend {
             backend: "candle",
             ..
-        }
+        } | Error::InvalidConfig { .. }
     )
 }
 
@@ -171,7 +177,7 @@ const CASES: &[Case] = &[
     Case {
         name: "no safetensors",
         edit: |d| remove(d, "model.safetensors"),
-        refused_by: &[Candle],
+        refused_by: &[Candle, Native],
         error: missing_file,
         mentions: "model.safetensors",
     },
@@ -290,15 +296,15 @@ const CASES: &[Case] = &[
     Case {
         name: "safetensors cut in half",
         edit: |d| truncate(d, "model.safetensors"),
-        refused_by: &[Candle],
-        error: candle_error,
+        refused_by: &[Candle, Native],
+        error: safetensors_error,
         mentions: "model.safetensors",
     },
     Case {
         name: "safetensors empty",
         edit: |d| write(d, "model.safetensors", b""),
-        refused_by: &[Candle],
-        error: candle_error,
+        refused_by: &[Candle, Native],
+        error: safetensors_error,
         mentions: "model.safetensors",
     },
     Case {
@@ -306,8 +312,8 @@ const CASES: &[Case] = &[
         edit: |d| {
             std::fs::copy(d.join("onnx/model.onnx"), d.join("model.safetensors")).unwrap();
         },
-        refused_by: &[Candle],
-        error: candle_error,
+        refused_by: &[Candle, Native],
+        error: safetensors_error,
         mentions: "model.safetensors",
     },
     // config.json that disagrees with the weights. ONNX files carry their own architecture,
@@ -322,14 +328,14 @@ const CASES: &[Case] = &[
     Case {
         name: "intermediate_size not the weights'",
         edit: |d| edit_config(d, "\"intermediate_size\": 128", "\"intermediate_size\": 96"),
-        refused_by: &[Candle],
+        refused_by: &[Candle, Native],
         error: invalid_config,
         mentions: "mlp",
     },
     Case {
         name: "more layers than the weights",
         edit: |d| edit_config(d, "\"num_hidden_layers\": 4", "\"num_hidden_layers\": 6"),
-        refused_by: &[Candle],
+        refused_by: &[Candle, Native],
         error: invalid_config,
         mentions: "layers.4",
     },
@@ -405,7 +411,7 @@ const CASES: &[Case] = &[
     Case {
         name: "vocab_size above the embedding matrix",
         edit: |d| edit_config(d, "\"vocab_size\": 8000", "\"vocab_size\": 9000"),
-        refused_by: &[Candle],
+        refused_by: &[Candle, Native],
         error: invalid_config,
         mentions: "tok_embeddings",
     },
@@ -457,7 +463,7 @@ const CASES: &[Case] = &[
                 "\"hidden_activation\": \"silu\"",
             )
         },
-        refused_by: &[Candle],
+        refused_by: &[Candle, Native],
         error: unsupported,
         mentions: "silu",
     },
