@@ -107,40 +107,45 @@ struct Case {
     name: &'static str,
     edit: fn(&Path),
     refused_by: &'static [Backend],
-    error: fn(&Error) -> bool,
+    /// Whether the error is the one expected from this backend.
+    error: fn(Backend, &Error) -> bool,
     mentions: &'static str,
 }
 
-fn missing_file(e: &Error) -> bool {
+fn missing_file(_: Backend, e: &Error) -> bool {
     matches!(e, Error::MissingFile { .. })
 }
-fn no_model_file(e: &Error) -> bool {
+fn no_model_file(_: Backend, e: &Error) -> bool {
     matches!(e, Error::NoModelFile { .. })
 }
-fn invalid_json(e: &Error) -> bool {
+fn invalid_json(_: Backend, e: &Error) -> bool {
     matches!(e, Error::InvalidJson { .. })
 }
-fn invalid_config(e: &Error) -> bool {
+fn invalid_config(_: Backend, e: &Error) -> bool {
     matches!(e, Error::InvalidConfig { .. })
 }
-fn unsupported(e: &Error) -> bool {
+fn unsupported(_: Backend, e: &Error) -> bool {
     matches!(e, Error::Unsupported { .. })
 }
-fn invalid_tokenizer(e: &Error) -> bool {
+fn invalid_tokenizer(_: Backend, e: &Error) -> bool {
     matches!(e, Error::InvalidTokenizer { .. })
 }
-fn ort_error(e: &Error) -> bool {
+fn ort_error(_: Backend, e: &Error) -> bool {
     matches!(e, Error::Backend { backend: "ort", .. })
 }
-/// A broken `model.safetensors`: candle's own error, or the native engine's header check.
-fn safetensors_error(e: &Error) -> bool {
-    matches!(
-        e,
-        Error::Backend {
-            backend: "candle",
-            ..
-        } | Error::InvalidConfig { .. }
-    )
+/// A broken `model.safetensors`: candle's own error; the native engine's header check is an
+/// `InvalidConfig` naming the file.
+fn safetensors_error(backend: Backend, e: &Error) -> bool {
+    match backend {
+        Native => matches!(e, Error::InvalidConfig { .. }),
+        _ => matches!(
+            e,
+            Error::Backend {
+                backend: "candle",
+                ..
+            }
+        ),
+    }
 }
 
 const CASES: &[Case] = &[
@@ -210,7 +215,7 @@ const CASES: &[Case] = &[
             std::fs::create_dir(d.join("config.json")).unwrap();
         },
         refused_by: ALL,
-        error: |e| matches!(e, Error::Io { .. }),
+        error: |_, e| matches!(e, Error::Io { .. }),
         mentions: "config.json",
     },
     Case {
@@ -498,7 +503,7 @@ const CASES: &[Case] = &[
             )
         },
         refused_by: ALL,
-        error: |e| matches!(e, Error::Tokenizer(TokenizeError::MissingToken { .. })),
+        error: |_, e| matches!(e, Error::Tokenizer(TokenizeError::MissingToken { .. })),
         mentions: "<nothing>",
     },
     Case {
@@ -511,7 +516,7 @@ const CASES: &[Case] = &[
             )
         },
         refused_by: ALL,
-        error: |e| matches!(e, Error::Tokenizer(TokenizeError::InvalidMaxLength { .. })),
+        error: |_, e| matches!(e, Error::Tokenizer(TokenizeError::InvalidMaxLength { .. })),
         mentions: "maximum length 2",
     },
 ];
@@ -525,7 +530,7 @@ fn run_case(case: &Case) {
         ) {
             (Err(e), true) => {
                 assert!(
-                    (case.error)(&e),
+                    (case.error)(backend, &e),
                     "{}, {backend:?}: wrong error {e:?}",
                     case.name
                 );
@@ -584,7 +589,7 @@ fn zero_local_window_is_refused_or_works() {
         );
         for &backend in ALL {
             match build(backend, dir.path()) {
-                Err(e) => assert!(invalid_config(&e), "{backend:?}: {e:?}"),
+                Err(e) => assert!(invalid_config(backend, &e), "{backend:?}: {e:?}"),
                 Ok(embedder) => {
                     let long = "瑠璃色の空".repeat(40);
                     let e = embedder.embed(&[&long, "短い"], Task::None).unwrap();
