@@ -193,7 +193,7 @@ impl Linear {
                 outliers,
                 outlier_w,
             } => {
-                let LinearScratch { qa, c, masked } = scratch;
+                let LinearScratch { qa, c, masked, row } = scratch;
                 qa.reset(rows, k);
                 masked.resize(k, 0.0);
                 for r in 0..rows {
@@ -229,6 +229,7 @@ impl Linear {
                         outlier_w,
                         o,
                         accumulate,
+                        row,
                     );
                 }
             }
@@ -242,6 +243,7 @@ pub(crate) struct LinearScratch {
     qa: QuantRows,
     c: Vec<i32>,
     masked: Vec<f32>,
+    row: Vec<f32>,
 }
 
 /// One output row: `y = (f32(acc) · s_x) · s_w`, then `y += x_c · w_c` for each outlier
@@ -257,18 +259,18 @@ fn dequantize(
     outlier_w: &[f32],
     out: &mut [f32],
     accumulate: bool,
+    tmp: &mut Vec<f32>,
 ) {
     let n = out.len();
     if outliers.is_empty() {
         simd_f32::dequantize_row(acc, sa, sw, out, accumulate);
         return;
     }
-    // With outliers the row is built in `out` first when storing, or in a copy when adding
-    // (the outlier terms join y before y joins the residual).
-    let mut tmp = Vec::new();
+    // With outliers the row is built in `out` first when storing, or in `tmp` (the call's
+    // scratch) when adding: the outlier terms join y before y joins the residual.
     let target: &mut [f32] = if accumulate {
         tmp.resize(n, 0.0);
-        &mut tmp
+        tmp
     } else {
         out
     };
@@ -280,7 +282,7 @@ fn dequantize(
         }
     }
     if accumulate {
-        for (o, &t) in out.iter_mut().zip(&tmp) {
+        for (o, &t) in out.iter_mut().zip(tmp.iter()) {
             *o += t;
         }
     }
@@ -357,6 +359,17 @@ mod tests {
         };
         let found = detect_outliers(&w, n, k);
         assert_eq!(found, vec![7]);
+        // Adding to a residual gives the stored row added to it, bit for bit (the outlier
+        // terms join y before y joins the residual).
+        let layer = Linear::int8(Kernel::Scalar, w.clone(), n, k, found.clone());
+        let mut scratch = LinearScratch::default();
+        let mut stored = vec![0.0; rows * n];
+        layer.forward(&x, rows, &mut stored, false, &mut scratch);
+        let residual: Vec<f32> = (0..rows * n).map(|i| i as f32 * 0.01 - 0.3).collect();
+        let mut added = residual.clone();
+        layer.forward(&x, rows, &mut added, true, &mut scratch);
+        let want: Vec<f32> = residual.iter().zip(&stored).map(|(r, y)| r + y).collect();
+        assert_eq!(added, want);
         let (with, without) = (err(found), err(vec![]));
         assert!(with * 4.0 < without, "with {with}, without {without}");
     }
