@@ -3,19 +3,21 @@
 //!
 //! The order of every sum is fixed and independent of the vector width: a score is summed
 //! over `d` one term after another (the SIMD lanes are different keys), the softmax total in
-//! [`math::sum`]'s lanes over the query's own keys, and the output over keys one after
+//! [`crate::math::sum`]'s lanes over the query's own keys, and the output over keys one after
 //! another (the lanes are different channels). So the hot loops may be compiled for AVX2 or
-//! AVX-512 (`crate::kernels::simd_f32`) without changing a bit: no instruction fuses a
-//! multiply and an add, and nothing is reassociated. Nothing `len × len` is held: a block's
-//! scores are `QUERY_BLOCK × keys in its windows`.
+//! AVX-512, or register-blocked by hand (`crate::kernels::simd_f32`), without changing a
+//! bit: no instruction fuses a multiply and an add, and nothing is reassociated. A block of
+//! queries sums over the union of their windows, with zero probabilities outside each
+//! query's own (a zero term changes no sum). Nothing `len × len` is held: a block's scores
+//! are `QUERY_BLOCK × keys in its windows`.
 
 use crate::kernels::simd_f32;
-use crate::math::{self, exp};
 
-/// Queries whose scores are computed together (each key row is loaded once for all).
-pub(crate) const QUERY_BLOCK: usize = 4;
-/// Scores are computed in multiples of this many keys (one AVX-512 vector).
-const KEY_GRAIN: usize = 16;
+/// Queries whose scores are computed together: each chunk of keys is loaded once for all,
+/// and a block's scores (`QUERY_BLOCK × keys in its windows`) stay in L2 on long texts.
+pub(crate) const QUERY_BLOCK: usize = 16;
+/// Scores are computed in groups of this many keys (one AVX-512 vector).
+const KEY_GRAIN: usize = simd_f32::KEY_GROUP;
 
 /// One head of one text: `q`, `k`, `v` are `len × d` (q already rotated, k too), `out` is
 /// `len × d`. `kt` and `scores` are scratch.
@@ -47,15 +49,16 @@ pub(crate) fn attend_head(
     out: &mut [f32],
 ) {
     let (len, d) = (positions.len(), head.d);
-    // Keys transposed, d × stride: the score loop runs along keys. Rows are padded with
-    // zero keys so that every block computes a multiple of KEY_GRAIN scores (whole vectors,
-    // no scalar remainder); the padded scores are never read.
-    let stride = len.div_ceil(KEY_GRAIN) * KEY_GRAIN + KEY_GRAIN;
+    // Keys transposed in groups of KEY_GRAIN (`[group][channel][key]`, zero-padded): the
+    // score loop runs along a group's keys, and a group is one contiguous `d × KEY_GRAIN`
+    // block, read front to back.
+    let groups = len.div_ceil(KEY_GRAIN);
     scratch.kt.clear();
-    scratch.kt.resize(d * stride, 0.0);
-    for j in 0..len {
-        for c in 0..d {
-            scratch.kt[c * stride + j] = head.k[j * d + c];
+    scratch.kt.resize(groups * d * KEY_GRAIN, 0.0);
+    for (j, key) in head.k.chunks_exact(d).take(len).enumerate() {
+        let (g, jj) = (j / KEY_GRAIN, j % KEY_GRAIN);
+        for (c, &x) in key.iter().enumerate() {
+            scratch.kt[(g * d + c) * KEY_GRAIN + jj] = x;
         }
     }
     let window_of = |i: usize| {
@@ -64,44 +67,44 @@ pub(crate) fn attend_head(
         let hi = positions.partition_point(|&p| (p as usize) <= pi.saturating_add(window));
         (lo, hi)
     };
-    for first in (0..len).step_by(QUERY_BLOCK) {
+    let mut first = 0;
+    while first < len {
         let rows = (len - first).min(QUERY_BLOCK);
-        // Positions ascend, so the block's windows span [lo of its first, hi of its last).
+        // Positions ascend, so the block's windows span [lo of its first, hi of its last);
+        // its scores start at a whole group (the extra keys get probability zero).
         let (lo, _) = window_of(first);
+        let lo = lo / KEY_GRAIN * KEY_GRAIN;
         let (_, hi) = window_of(first + rows - 1);
         let width = (hi - lo).div_ceil(KEY_GRAIN) * KEY_GRAIN;
         scratch.scores.clear();
-        scratch.scores.resize(QUERY_BLOCK * width, 0.0);
+        scratch.scores.resize(rows * width, 0.0);
         let q = &head.q[first * d..(first + rows) * d];
         simd_f32::scores(
             q,
             rows,
             d,
             &scratch.kt,
-            stride,
-            lo,
-            width,
+            lo / KEY_GRAIN,
+            width / KEY_GRAIN,
             &mut scratch.scores,
         );
-        for r in 0..rows {
+        for (r, s) in scratch.scores.chunks_exact_mut(width).enumerate() {
             let (own_lo, own_hi) = window_of(first + r);
-            let s = &mut scratch.scores[r * width..(r + 1) * width];
-            let own = &mut s[own_lo - lo..own_hi - lo];
-            let mut max = f32::NEG_INFINITY;
-            for v in own.iter_mut() {
-                *v *= scale;
-                max = max.max(*v);
-            }
-            for v in own.iter_mut() {
-                *v = exp(*v - max);
-            }
-            let total = math::sum(own);
-            for v in own.iter_mut() {
-                *v /= total;
-            }
-            let o = &mut out[(first + r) * d..(first + r + 1) * d];
-            o.iter_mut().for_each(|x| *x = 0.0);
-            simd_f32::weighted_sum(own, &head.v[own_lo * d..own_hi * d], d, o);
+            // Zero outside the query's own keys: the block's weighted sum runs over the
+            // union [lo, hi), and a zero term changes no sum.
+            simd_f32::softmax_row(s, own_lo - lo, own_hi - lo, scale);
         }
+        let o = &mut out[first * d..(first + rows) * d];
+        o.fill(0.0);
+        simd_f32::weighted_sum_rows(
+            &scratch.scores,
+            rows,
+            width,
+            &head.v[lo * d..hi * d],
+            hi - lo,
+            d,
+            o,
+        );
+        first += rows;
     }
 }

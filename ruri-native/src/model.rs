@@ -9,7 +9,7 @@ use ruri_core::config::AttentionKind;
 use ruri_core::{Error, ModelConfig, Result};
 
 use crate::Precision;
-use crate::attention::{AttentionScratch, Head, QUERY_BLOCK, attend_head};
+use crate::attention::{AttentionScratch, Head, attend_head};
 use crate::kernels::Kernel;
 use crate::kernels::simd_f32;
 use crate::linear::{Linear, LinearScratch, detect_outliers};
@@ -70,19 +70,38 @@ impl Rope {
         (libm::sin(a) as f32, libm::cos(a) as f32)
     }
 
-    /// Rotates one head vector in place (`x·cos + rotate_half(x)·sin`, the whole head).
-    fn apply(&self, x: &mut [f32], position: usize) {
-        let half = x.len() / 2;
-        let cached = position * half + half <= self.cos.len();
-        for j in 0..half {
-            let (s, c) = if cached {
-                (self.sin[position * half + j], self.cos[position * half + j])
-            } else {
-                self.angle(position, j)
-            };
-            let (a, b) = (x[j], x[j + half]);
-            x[j] = a * c + (-b) * s;
-            x[j + half] = b * c + a * s;
+    /// Rotates the first `heads` head vectors of `row` (each `d` long) in place at
+    /// `position` (`x·cos + rotate_half(x)·sin`, the whole head). Past the cached positions
+    /// the angles are computed once for all heads, into `buf`.
+    fn apply_heads(
+        &self,
+        row: &mut [f32],
+        heads: usize,
+        d: usize,
+        position: usize,
+        buf: &mut Vec<f32>,
+    ) {
+        let half = d / 2;
+        let (sin, cos): (&[f32], &[f32]) = if position * half + half <= self.cos.len() {
+            let at = position * half..position * half + half;
+            (&self.sin[at.clone()], &self.cos[at])
+        } else {
+            buf.clear();
+            buf.resize(2 * half, 0.0);
+            for j in 0..half {
+                let (s, c) = self.angle(position, j);
+                buf[j] = s;
+                buf[half + j] = c;
+            }
+            buf.split_at(half)
+        };
+        for x in row.chunks_exact_mut(d).take(heads) {
+            for j in 0..half {
+                let (s, c) = (sin[j], cos[j]);
+                let (a, b) = (x[j], x[j + half]);
+                x[j] = a * c + (-b) * s;
+                x[j + half] = b * c + a * s;
+            }
         }
     }
 }
@@ -314,9 +333,8 @@ impl Model {
             let qkv = &mut s.qkv[range.start * 3 * h..range.end * 3 * h];
             // Wqkv's output is viewed as (3, heads, head_dim): q, k, v, each head contiguous.
             for (row, &p) in qkv.chunks_exact_mut(3 * h).zip(positions) {
-                for head in 0..2 * heads {
-                    rope.apply(&mut row[head * d..(head + 1) * d], p as usize);
-                }
+                // q's heads, then k's: the first 2·heads head vectors of the row.
+                rope.apply_heads(row, 2 * heads, d, p as usize, &mut s.angles);
             }
             let ctx = &mut s.ctx[range.start * h..range.end * h];
             attend(
@@ -380,6 +398,8 @@ struct Scratch {
     act: Vec<f32>,
     linear: LinearScratch,
     attention: AttentionScratch,
+    /// sin and cos of one position past the rotary cache.
+    angles: Vec<f32>,
 }
 
 impl Scratch {
@@ -393,9 +413,13 @@ impl Scratch {
             act: vec![0.0; MLP_CHUNK * c.intermediate_size],
             linear: LinearScratch::default(),
             attention: AttentionScratch::default(),
+            angles: Vec::new(),
         }
     }
 }
+
+/// Texts shorter than this run their heads one after another even when a pool is given.
+const HEAD_SPLIT_MIN_TOKENS: usize = 8;
 
 /// Attention of one text (`qkv`: its rows of Wqkv's output, rotated) into `ctx` (its rows),
 /// head by head, the heads spread over `pool`'s workers when given.
@@ -436,7 +460,7 @@ fn attend(
         }
     };
     match pool {
-        Some(pool) if heads > 1 && len >= 2 * QUERY_BLOCK => {
+        Some(pool) if heads > 1 && len >= HEAD_SPLIT_MIN_TOKENS => {
             let mut outs: Vec<Vec<f32>> = vec![Vec::new(); heads];
             pool.scope(|s| {
                 for (head, out) in outs.iter_mut().enumerate() {

@@ -16,6 +16,8 @@
 pub(crate) mod simd_f32;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_f32;
 
 use std::fmt;
 use std::str::FromStr;

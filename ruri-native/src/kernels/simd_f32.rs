@@ -34,15 +34,64 @@ macro_rules! multiversion {
     };
 }
 
-multiversion! {
-    /// `out[r][j] = Σ_c q[r][c] · kt[c][lo + j]` (c in order) for `rows` queries and `width`
-    /// keys; `kt` is `d × len` (keys transposed), `out` holds `rows × width`, zeroed.
-    fn scores / scores_body(q: &[f32], rows: usize, d: usize, kt: &[f32], len: usize, lo: usize, width: usize, out: &mut [f32])
+/// Keys per group of the transposed keys that [`scores`] reads.
+pub(crate) const KEY_GROUP: usize = VEC;
+
+/// `out[r][16·g + i] = Σ_c q[r][c] · kt[g_lo + g][c][i]` (c in order) for `rows` queries and
+/// `groups` groups of [`KEY_GROUP`] keys; `kt` is `[group][d][KEY_GROUP]` (keys transposed
+/// group by group), `out` holds `rows × groups·KEY_GROUP`. On AVX-512 the register-blocked
+/// tiles of `x86_f32` (the same bits).
+pub(crate) fn scores(
+    q: &[f32],
+    rows: usize,
+    d: usize,
+    kt: &[f32],
+    g_lo: usize,
+    groups: usize,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if super::x86_f32::available() {
+        return super::x86_f32::scores(q, rows, d, kt, g_lo, groups, out);
+    }
+    scores_portable(q, rows, d, kt, g_lo, groups, out)
 }
 
 multiversion! {
-    /// `out[c] += Σ_j p[j] · v[j][c]` (j in order); `v` is `p.len() × d`.
-    fn weighted_sum / weighted_sum_body(p: &[f32], v: &[f32], d: usize, out: &mut [f32])
+    /// [`scores`] without the AVX-512 tiles.
+    fn scores_portable / scores_body(q: &[f32], rows: usize, d: usize, kt: &[f32], g_lo: usize, groups: usize, out: &mut [f32])
+}
+
+/// `out[r][c] += Σ_j p[r][j] · v[j][c]` for `j < keys` in order, for `rows` rows; `p` is
+/// `rows × width` (`keys ≤ width`), `v` is `keys × d`, `out` is `rows × d`. On AVX-512 with
+/// `d` a multiple of 16, the register-blocked tiles of `x86_f32` (the same bits).
+pub(crate) fn weighted_sum_rows(
+    p: &[f32],
+    rows: usize,
+    width: usize,
+    v: &[f32],
+    keys: usize,
+    d: usize,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if d.is_multiple_of(VEC) && super::x86_f32::available() {
+        return super::x86_f32::weighted_sum_rows(p, rows, width, v, keys, d, out);
+    }
+    weighted_sum_rows_portable(p, rows, width, v, keys, d, out)
+}
+
+multiversion! {
+    /// [`weighted_sum_rows`] without the AVX-512 tiles.
+    fn weighted_sum_rows_portable / weighted_sum_rows_body(p: &[f32], rows: usize, width: usize, v: &[f32], keys: usize, d: usize, out: &mut [f32])
+}
+
+multiversion! {
+    /// The softmax of one query's scores `s[own_lo..own_hi]` (its keys) after scaling by
+    /// `scale`: max, `exp(x − max)` ([`crate::math::exp`]), the total in
+    /// [`crate::math::sum`]'s lanes, then each divided by it. The rest of `s` is set to
+    /// zero, so that a block of queries can sum over the union of their keys.
+    fn softmax_row / softmax_row_body(s: &mut [f32], own_lo: usize, own_hi: usize, scale: f32)
 }
 
 multiversion! {
@@ -69,36 +118,81 @@ multiversion! {
 /// Outputs per accumulator: one AVX-512 vector (two AVX2 ones, four SSE ones).
 const VEC: usize = 16;
 
-/// Callers pass `width` as a multiple of [`VEC`] (the keys beyond are zero padding).
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn scores_body(
     q: &[f32],
     rows: usize,
     d: usize,
     kt: &[f32],
-    len: usize,
-    lo: usize,
-    width: usize,
+    g_lo: usize,
+    groups: usize,
     out: &mut [f32],
 ) {
-    assert!(q.len() >= rows * d && kt.len() >= d * len && lo + width <= len);
-    assert!(out.len() >= rows * width && width.is_multiple_of(VEC));
+    let width = groups * VEC;
+    assert!(q.len() >= rows * d && kt.len() >= (g_lo + groups) * d * VEC);
+    assert!(out.len() >= rows * width);
     for r in 0..rows {
         let qr = &q[r * d..(r + 1) * d];
-        for j0 in (0..width).step_by(VEC) {
+        for g in 0..groups {
+            let group = &kt[(g_lo + g) * d * VEC..(g_lo + g + 1) * d * VEC];
             // One accumulator in registers over all of d, one channel after another.
             let mut acc = [0.0f32; VEC];
-            for (c, &qc) in qr.iter().enumerate() {
-                let keys: &[f32; VEC] = kt[c * len + lo + j0..c * len + lo + j0 + VEC]
-                    .try_into()
-                    .expect("a slice of VEC keys");
+            for (&qc, keys) in qr.iter().zip(group.chunks_exact(VEC)) {
                 for (a, &k) in acc.iter_mut().zip(keys) {
                     *a += qc * k;
                 }
             }
-            out[r * width + j0..r * width + j0 + VEC].copy_from_slice(&acc);
+            out[r * width + g * VEC..r * width + (g + 1) * VEC].copy_from_slice(&acc);
         }
+    }
+}
+
+#[inline(always)]
+fn weighted_sum_rows_body(
+    p: &[f32],
+    rows: usize,
+    width: usize,
+    v: &[f32],
+    keys: usize,
+    d: usize,
+    out: &mut [f32],
+) {
+    for (pr, o) in p
+        .chunks_exact(width)
+        .zip(out.chunks_exact_mut(d))
+        .take(rows)
+    {
+        weighted_sum_body(&pr[..keys], &v[..keys * d], d, o);
+    }
+}
+
+#[inline(always)]
+fn softmax_row_body(s: &mut [f32], own_lo: usize, own_hi: usize, scale: f32) {
+    let (head, rest) = s.split_at_mut(own_lo);
+    let (own, tail) = rest.split_at_mut(own_hi - own_lo);
+    head.fill(0.0);
+    tail.fill(0.0);
+    // The max in lanes: a max is exact, so its order does not matter.
+    let mut lanes = [f32::NEG_INFINITY; VEC];
+    let mut chunks = own.chunks_exact_mut(VEC);
+    for c in &mut chunks {
+        for (m, v) in lanes.iter_mut().zip(c) {
+            *v *= scale;
+            *m = m.max(*v);
+        }
+    }
+    let mut max = f32::NEG_INFINITY;
+    for v in chunks.into_remainder() {
+        *v *= scale;
+        max = max.max(*v);
+    }
+    let max = lanes.iter().fold(max, |m, &l| m.max(l));
+    for v in own.iter_mut() {
+        *v = crate::math::exp(*v - max);
+    }
+    let total = crate::math::sum(own);
+    for v in own.iter_mut() {
+        *v /= total;
     }
 }
 
@@ -316,24 +410,60 @@ mod tests {
         /// The dispatched version (the widest this CPU runs) gives the baseline's bits.
         #[test]
         fn every_width_gives_the_same_bits(
-            (rows, d, len, lo, width, seed) in (1usize..5, 1usize..70, 1usize..600)
-                .prop_flat_map(|(rows, d, len)| (Just(rows), Just(d), Just(len), 0..len, Just(0usize), any::<u32>()))
-                .prop_flat_map(|(rows, d, len, lo, _, seed)| (Just(rows), Just(d), Just(len + VEC), Just(lo), 1..=len - lo, Just(seed)))
+            (rows, d, groups, g_lo, seed) in (1usize..20, prop_oneof![1usize..70, (1usize..6).prop_map(|m| m * VEC)], 1usize..40)
+                .prop_flat_map(|(rows, d, groups)| (Just(rows), Just(d), Just(groups), 0..groups, any::<u32>()))
         ) {
-            let width = width.div_ceil(VEC) * VEC;
             let value = |i: usize| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 / u32::MAX as f32 - 0.5;
+            let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             let q: Vec<f32> = (0..rows * d).map(value).collect();
-            let kt: Vec<f32> = (0..d * len).map(|i| value(i + 7)).collect();
+            let kt: Vec<f32> = (0..groups * d * VEC).map(|i| value(i + 7)).collect();
+            let used = groups - g_lo;
+            let width = used * VEC;
             let (mut a, mut b) = (vec![0.0; rows * width], vec![0.0; rows * width]);
-            scores(&q, rows, d, &kt, len, lo, width, &mut a);
-            scores_body(&q, rows, d, &kt, len, lo, width, &mut b);
-            prop_assert_eq!(a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), b.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+            scores(&q, rows, d, &kt, g_lo, used, &mut a);
+            scores_body(&q, rows, d, &kt, g_lo, used, &mut b);
+            prop_assert_eq!(bits(&a), bits(&b));
+            // Against the definition: key j of group g is kt[g][c][j].
+            for r in 0..rows {
+                for j in 0..width {
+                    let (g, i) = (g_lo + j / VEC, j % VEC);
+                    let want = (0..d).fold(0.0f32, |s, c| s + q[r * d + c] * kt[(g * d + c) * VEC + i]);
+                    prop_assert_eq!(a[r * width + j].to_bits(), want.to_bits());
+                }
+            }
+            // Each row's softmax over a window of its own (scores scaled up, so that exp
+            // sees large and tiny arguments), zero elsewhere.
+            let keys = width - (seed as usize % VEC).min(width - 1);
+            let own = |r: usize| {
+                let lo = (r * 7 + seed as usize) % keys;
+                (lo, lo + 1 + (r * 13 + seed as usize / 7) % (keys - lo))
+            };
+            let mut p = a.iter().map(|x| x * 30.0).collect::<Vec<_>>();
+            let mut p_body = p.clone();
+            for r in 0..rows {
+                let (own_lo, own_hi) = own(r);
+                softmax_row(&mut p[r * width..(r + 1) * width], own_lo, own_hi, 0.125);
+                softmax_row_body(&mut p_body[r * width..(r + 1) * width], own_lo, own_hi, 0.125);
+                let row = &p[r * width..(r + 1) * width];
+                prop_assert!(row[..own_lo].iter().chain(&row[own_hi..]).all(|&x| x == 0.0));
+                let total: f64 = row.iter().map(|&x| f64::from(x)).sum();
+                prop_assert!((total - 1.0).abs() < 1e-5, "softmax total {}", total);
+            }
+            prop_assert_eq!(bits(&p), bits(&p_body));
+            // The blocked weighted sum over the union of windows equals each row's sum over
+            // its own window alone, bit for bit (the zeros outside change nothing).
+            let v: Vec<f32> = (0..keys * d).map(|i| value(i + 11)).collect();
+            let (mut a, mut b) = (vec![0.25; rows * d], vec![0.25; rows * d]);
+            weighted_sum_rows(&p, rows, width, &v, keys, d, &mut a);
+            weighted_sum_rows_body(&p, rows, width, &v, keys, d, &mut b);
+            prop_assert_eq!(bits(&a), bits(&b));
+            for r in 0..rows {
+                let (own_lo, own_hi) = own(r);
+                let mut alone = vec![0.25; d];
+                weighted_sum_body(&p[r * width + own_lo..r * width + own_hi], &v[own_lo * d..own_hi * d], d, &mut alone);
+                prop_assert_eq!(bits(&a[r * d..(r + 1) * d]), bits(&alone));
+            }
             let p: Vec<f32> = (0..width).map(|i| value(i + 3)).collect();
-            let v: Vec<f32> = (0..width * d).map(|i| value(i + 11)).collect();
-            let (mut a, mut b) = (vec![0.25; d], vec![0.25; d]);
-            weighted_sum(&p, &v, d, &mut a);
-            weighted_sum_body(&p, &v, d, &mut b);
-            prop_assert_eq!(a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), b.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
             let u: Vec<f32> = (0..width).map(|i| value(i + 5) * 40.0).collect();
             let (mut a, mut b) = (vec![0.0; width], vec![0.0; width]);
             geglu(&u, &p, &mut a);

@@ -1,0 +1,257 @@
+//! AVX-512 tiles of attention's two products, the scores `q · kᵀ` and the weighted sum
+//! `p · v`. Each output gets the same multiplies and adds, in the same order, as the
+//! portable bodies in [`super::simd_f32`] (a separate multiply, then an add: no FMA), so the
+//! bits do not change (tested there against those bodies); the tiles only block the
+//! registers, so that a tile of [`MR`] query rows shares every load of keys or values, and
+//! the accumulators of a tile are independent chains instead of one.
+//!
+//! Each public function checks that the CPU has AVX-512F and that every buffer holds what
+//! its loops read or write; the `unsafe` blocks rely on nothing else.
+
+use std::arch::x86_64::*;
+
+/// Query rows per tile.
+const MR: usize = 4;
+/// Lanes of one vector.
+const LANES: usize = 16;
+/// Vectors of keys (scores) or channels (weighted sum) per tile: 16 accumulators.
+const NV: usize = 4;
+/// Keys of values per pass of the weighted sum: `KEY_CHUNK × d` floats stay in L1 while
+/// every tile of rows goes over them.
+const KEY_CHUNK: usize = 64;
+
+/// Whether this CPU runs the tiles.
+pub(crate) fn available() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+}
+
+/// `out[r][16·g + i] = Σ_c q[r][c] · kt[g_lo + g][c][i]` (c in order) for `rows` queries
+/// and `groups` groups of 16 keys; `kt` is `[group][d][16]`, `out` is `rows × groups·16`.
+pub(crate) fn scores(
+    q: &[f32],
+    rows: usize,
+    d: usize,
+    kt: &[f32],
+    g_lo: usize,
+    groups: usize,
+    out: &mut [f32],
+) {
+    assert!(available(), "AVX-512 tiles on a CPU without AVX-512F");
+    assert!(q.len() >= rows * d && kt.len() >= (g_lo + groups) * d * LANES);
+    assert!(out.len() >= rows * groups * LANES);
+    // SAFETY: the CPU runs AVX-512F (checked above). Tile (r, g0) reads q[r..r + mr][..d],
+    // groups g_lo + g0..g_lo + g0 + nv of kt (≤ g_lo + groups, each d·16 floats) and writes
+    // out[r..r + mr][16·g0..16·(g0 + nv)] (g0 + nv ≤ groups): inside the checked sizes.
+    unsafe { scores_impl(q, rows, d, kt, g_lo, groups, out) }
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn scores_impl(
+    q: &[f32],
+    rows: usize,
+    d: usize,
+    kt: &[f32],
+    g_lo: usize,
+    groups: usize,
+    out: &mut [f32],
+) {
+    let width = groups * LANES;
+    let (q, kt, out) = (q.as_ptr(), kt.as_ptr(), out.as_mut_ptr());
+    let mut g0 = 0;
+    while g0 < groups {
+        let nv = (groups - g0).min(NV);
+        let mut r = 0;
+        while r < rows {
+            let mr = if rows - r >= MR { MR } else { 1 };
+            // SAFETY: the offsets are those of tile (r, g0), inside the buffers (see
+            // `scores`).
+            unsafe {
+                let (qt, o) = (q.add(r * d), out.add(r * width + g0 * LANES));
+                let kt = kt.add((g_lo + g0) * d * LANES);
+                let group = d * LANES;
+                match (mr, nv) {
+                    (MR, NV) => scores_tile::<MR, NV>(qt, d, kt, o, width),
+                    (MR, _) => {
+                        for n in 0..nv {
+                            scores_tile::<MR, 1>(qt, d, kt.add(n * group), o.add(n * LANES), width);
+                        }
+                    }
+                    (_, NV) => scores_tile::<1, NV>(qt, d, kt, o, width),
+                    _ => {
+                        for n in 0..nv {
+                            scores_tile::<1, 1>(qt, d, kt.add(n * group), o.add(n * LANES), width);
+                        }
+                    }
+                }
+            }
+            r += mr;
+        }
+        g0 += nv;
+    }
+}
+
+/// `R × N·16` scores, one accumulator per vector, summed over c in order.
+///
+/// # Safety
+/// AVX-512F; `q` holds `R` rows of `d`, `kt` (at the tile's first group) `N` groups of
+/// `d × 16` keys, `out` `R` rows of stride `width` with `N·16` columns.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn scores_tile<const R: usize, const N: usize>(
+    q: *const f32,
+    d: usize,
+    kt: *const f32,
+    out: *mut f32,
+    width: usize,
+) {
+    let mut acc = [[_mm512_setzero_ps(); N]; R];
+    for c in 0..d {
+        let mut k = [_mm512_setzero_ps(); N];
+        for (n, k) in k.iter_mut().enumerate() {
+            // SAFETY: channel c of group n (the caller's contract).
+            *k = unsafe { _mm512_loadu_ps(kt.add((n * d + c) * LANES)) };
+        }
+        for (r, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: q[r][c] (the caller's contract).
+            let qv = _mm512_set1_ps(unsafe { *q.add(r * d + c) });
+            for (a, &k) in acc.iter_mut().zip(&k) {
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(qv, k));
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (n, &a) in acc.iter().enumerate() {
+            // SAFETY: out[r][n·16..n·16 + 16] (the caller's contract).
+            unsafe { _mm512_storeu_ps(out.add(r * width + n * LANES), a) };
+        }
+    }
+}
+
+/// `out[r][c] += Σ_j p[r][j] · v[j][c]` for `j < keys` in order; `p` is `rows × width`
+/// (`keys ≤ width`), `v` is `keys × d` with `d` a multiple of 16, `out` is `rows × d`.
+pub(crate) fn weighted_sum_rows(
+    p: &[f32],
+    rows: usize,
+    width: usize,
+    v: &[f32],
+    keys: usize,
+    d: usize,
+    out: &mut [f32],
+) {
+    assert!(available(), "AVX-512 tiles on a CPU without AVX-512F");
+    assert!(d.is_multiple_of(LANES) && keys <= width);
+    assert!(p.len() >= rows * width && v.len() >= keys * d && out.len() >= rows * d);
+    // SAFETY: the CPU runs AVX-512F (checked above). Tile (chunk, r, c0) reads
+    // p[r..r + mr][chunk] (chunk < keys ≤ width), v[chunk][c0..c0 + nv·16] (c0 + nv·16 ≤ d)
+    // and reads and writes out[r..r + mr][c0..c0 + nv·16]: inside the checked sizes.
+    unsafe { weighted_sum_rows_impl(p, rows, width, v, keys, d, out) }
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn weighted_sum_rows_impl(
+    p: &[f32],
+    rows: usize,
+    width: usize,
+    v: &[f32],
+    keys: usize,
+    d: usize,
+    out: &mut [f32],
+) {
+    let (p, v, out) = (p.as_ptr(), v.as_ptr(), out.as_mut_ptr());
+    // Chunks of keys in ascending order, each summed in order into `out`: per output, the
+    // terms are added in the order of j, as in the portable body.
+    for j0 in (0..keys).step_by(KEY_CHUNK) {
+        let kn = KEY_CHUNK.min(keys - j0);
+        let mut r = 0;
+        while r < rows {
+            let mr = if rows - r >= MR { MR } else { 1 };
+            let mut c0 = 0;
+            while c0 < d {
+                let nv = ((d - c0) / LANES).min(NV);
+                // SAFETY: the offsets are those of tile (j0, r, c0), inside the buffers (see
+                // `weighted_sum_rows`).
+                unsafe {
+                    let (pt, vt, o) = (
+                        p.add(r * width + j0),
+                        v.add(j0 * d + c0),
+                        out.add(r * d + c0),
+                    );
+                    match (mr, nv) {
+                        (MR, NV) => weighted_tile::<MR, NV>(pt, width, vt, d, kn, o),
+                        (MR, _) => {
+                            for n in 0..nv {
+                                weighted_tile::<MR, 1>(
+                                    pt,
+                                    width,
+                                    vt.add(n * LANES),
+                                    d,
+                                    kn,
+                                    o.add(n * LANES),
+                                );
+                            }
+                        }
+                        (_, NV) => weighted_tile::<1, NV>(pt, width, vt, d, kn, o),
+                        _ => {
+                            for n in 0..nv {
+                                weighted_tile::<1, 1>(
+                                    pt,
+                                    width,
+                                    vt.add(n * LANES),
+                                    d,
+                                    kn,
+                                    o.add(n * LANES),
+                                );
+                            }
+                        }
+                    }
+                }
+                c0 += nv * LANES;
+            }
+            r += mr;
+        }
+    }
+}
+
+/// `R × N·16` outputs continued from `out` over `keys` keys, one after another.
+///
+/// # Safety
+/// AVX-512F; `p` holds `R` rows of stride `width` with `keys` values, `v` `keys` rows of
+/// stride `d` with `N·16` channels, `out` `R` rows of stride `d` with `N·16` channels.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn weighted_tile<const R: usize, const N: usize>(
+    p: *const f32,
+    width: usize,
+    v: *const f32,
+    d: usize,
+    keys: usize,
+    out: *mut f32,
+) {
+    let mut acc = [[_mm512_setzero_ps(); N]; R];
+    for (r, acc) in acc.iter_mut().enumerate() {
+        for (n, a) in acc.iter_mut().enumerate() {
+            // SAFETY: out[r][n·16..n·16 + 16] (the caller's contract).
+            *a = unsafe { _mm512_loadu_ps(out.add(r * d + n * LANES)) };
+        }
+    }
+    for j in 0..keys {
+        let mut x = [_mm512_setzero_ps(); N];
+        for (n, x) in x.iter_mut().enumerate() {
+            // SAFETY: v[j][n·16..n·16 + 16] (the caller's contract).
+            *x = unsafe { _mm512_loadu_ps(v.add(j * d + n * LANES)) };
+        }
+        for (r, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: p[r][j] (the caller's contract).
+            let pv = _mm512_set1_ps(unsafe { *p.add(r * width + j) });
+            for (a, &x) in acc.iter_mut().zip(&x) {
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(pv, x));
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (n, &a) in acc.iter().enumerate() {
+            // SAFETY: out[r][n·16..n·16 + 16] (the caller's contract).
+            unsafe { _mm512_storeu_ps(out.add(r * d + n * LANES), a) };
+        }
+    }
+}
