@@ -321,7 +321,8 @@ impl NativeBackend {
         &self.weights
     }
 
-    /// Bytes of prepared layer weights held (the embedding rows read so far not counted).
+    /// Bytes of prepared layer weights held (the embedding table is read per token, not
+    /// held).
     pub fn weight_bytes(&self) -> usize {
         self.model.weight_bytes()
     }

@@ -78,21 +78,23 @@ pub(crate) fn detect_outliers(w: &[f32], n: usize, k: usize) -> Vec<usize> {
 
 impl Linear {
     /// An fp32 layer from `n × k` weights.
-    pub(crate) fn fp32(w: Vec<f32>, n: usize, k: usize) -> Self {
+    pub(crate) fn fp32(w: &[f32], n: usize, k: usize) -> Self {
         Linear::Fp32 {
-            w: simd_f32::pack_fp32(&w, n, k),
+            w: simd_f32::pack_fp32(w, n, k),
             n,
             k,
         }
     }
 
-    /// An int8 layer from `n × k` fp32 weights; `outliers` as [`detect_outliers`] gives.
+    /// An int8 layer from `n × k` fp32 weights (their outlier columns are zeroed in place);
+    /// `outliers` as [`detect_outliers`] gives. `q` is scratch, reused from layer to layer.
     pub(crate) fn int8(
         kernel: Kernel,
-        mut w: Vec<f32>,
+        w: &mut [f32],
         n: usize,
         k: usize,
         outliers: Vec<usize>,
+        q: &mut Vec<i8>,
     ) -> Self {
         let mut outlier_w = vec![0.0f32; outliers.len() * n];
         for (j, row) in w.chunks_exact_mut(k).enumerate() {
@@ -101,15 +103,15 @@ impl Linear {
                 row[c] = 0.0;
             }
         }
-        let mut q = vec![0i8; n * k];
+        q.clear();
+        q.resize(n * k, 0);
         let scales = w
             .chunks_exact(k)
             .zip(q.chunks_exact_mut(k))
             .map(|(row, out)| quantize_row(row, out))
             .collect();
-        drop(w);
         Linear::Int8 {
-            packed: PackedWeights::pack(kernel, &q, n, k, scales),
+            packed: PackedWeights::pack(kernel, q, n, k, scales),
             outliers,
             outlier_w,
         }
@@ -336,22 +338,18 @@ mod tests {
             })
             .collect();
         let mut exact = vec![0.0; rows * n];
-        Linear::fp32(w.clone(), n, k).forward(
-            &x,
-            rows,
-            &mut exact,
-            false,
-            &mut LinearScratch::default(),
-        );
+        Linear::fp32(&w, n, k).forward(&x, rows, &mut exact, false, &mut LinearScratch::default());
         let err = |outliers: Vec<usize>| {
             let mut y = vec![0.0; rows * n];
-            Linear::int8(Kernel::Scalar, w.clone(), n, k, outliers).forward(
-                &x,
-                rows,
-                &mut y,
-                false,
-                &mut LinearScratch::default(),
-            );
+            Linear::int8(
+                Kernel::Scalar,
+                &mut w.clone(),
+                n,
+                k,
+                outliers,
+                &mut Vec::new(),
+            )
+            .forward(&x, rows, &mut y, false, &mut LinearScratch::default());
             y.iter()
                 .zip(&exact)
                 .map(|(a, b)| (a - b).abs())
@@ -361,7 +359,14 @@ mod tests {
         assert_eq!(found, vec![7]);
         // Adding to a residual gives the stored row added to it, bit for bit (the outlier
         // terms join y before y joins the residual).
-        let layer = Linear::int8(Kernel::Scalar, w.clone(), n, k, found.clone());
+        let layer = Linear::int8(
+            Kernel::Scalar,
+            &mut w.clone(),
+            n,
+            k,
+            found.clone(),
+            &mut Vec::new(),
+        );
         let mut scratch = LinearScratch::default();
         let mut stored = vec![0.0; rows * n];
         layer.forward(&x, rows, &mut stored, false, &mut scratch);

@@ -3,7 +3,6 @@
 //! as the final norm is applied. Each step names the transformers behaviour it matches.
 
 use std::ops::Range;
-use std::sync::OnceLock;
 
 use ruri_core::config::AttentionKind;
 use ruri_core::{Error, ModelConfig, Result};
@@ -106,19 +105,15 @@ impl Rope {
     }
 }
 
-/// The token-embedding table, read row by row the first time each token appears: the rows
-/// a workload never uses cost no memory (102,400 × 256 f32 would be 105 MB).
-#[derive(Debug)]
-struct Embeddings {
-    rows: Vec<OnceLock<Box<[f32]>>>,
-}
-
 /// The whole encoder.
 #[derive(Debug)]
 pub(crate) struct Model {
     config: ModelConfig,
+    /// Also the token-embedding table, read a row per token when a call needs it: the
+    /// table is never held (102,400 × 256 f32 would be 105 MB, and a cache of the rows a
+    /// workload touches grows to tens of MB); the operating system's page cache keeps the
+    /// file's hot pages, outside this process's memory.
     weights: Safetensors,
-    embeddings: Embeddings,
     emb_norm: Vec<f32>,
     final_norm: Vec<f32>,
     layers: Vec<Layer>,
@@ -157,17 +152,21 @@ impl Model {
         outliers: bool,
     ) -> Result<Self> {
         let (h, i) = (config.hidden_size, config.intermediate_size);
+        // One fp32 and one int8 buffer for every layer's weights while they are prepared:
+        // nothing but the prepared weights is left behind (or fragments the heap).
+        let scratch = std::cell::RefCell::new((Vec::<f32>::new(), Vec::<i8>::new()));
         let linear = |name: &str, n: usize, k: usize, outliers: bool| -> Result<Linear> {
-            let w = weights.read(name)?;
+            let (w, q) = &mut *scratch.borrow_mut();
+            weights.read_into(name, w)?;
             Ok(match precision {
                 Precision::Fp32 => Linear::fp32(w, n, k),
                 Precision::Int8 => {
                     let found = if outliers {
-                        detect_outliers(&w, n, k)
+                        detect_outliers(w, n, k)
                     } else {
                         Vec::new()
                     };
-                    Linear::int8(kernel, w, n, k, found)
+                    Linear::int8(kernel, w, n, k, found, q)
                 }
             })
         };
@@ -193,9 +192,6 @@ impl Model {
         let head_dim = config.head_dim();
         let cached = config.max_position_embeddings.min(ROPE_CACHED);
         Ok(Self {
-            embeddings: Embeddings {
-                rows: (0..config.vocab_size).map(|_| OnceLock::new()).collect(),
-            },
             emb_norm: weights.read("embeddings.norm.weight")?,
             final_norm: weights.read("final_norm.weight")?,
             layers,
@@ -224,7 +220,7 @@ impl Model {
         self.config.max_position_embeddings
     }
 
-    /// Bytes of prepared weights (not counting embedding rows read so far).
+    /// Bytes of prepared layer weights (the embedding table is not held).
     pub(crate) fn weight_bytes(&self) -> usize {
         self.layers
             .iter()
@@ -234,16 +230,10 @@ impl Model {
             .sum()
     }
 
-    fn embedding(&self, id: u32) -> Result<&[f32]> {
-        let slot = &self.embeddings.rows[id as usize];
-        if let Some(row) = slot.get() {
-            return Ok(row);
-        }
-        let row = self
-            .weights
-            .read_rows("embeddings.tok_embeddings.weight", id as usize, 1)?;
-        // Another thread may have read it meanwhile: either copy is the same bytes.
-        Ok(slot.get_or_init(|| row.into_boxed_slice()))
+    /// Row `id` of the token-embedding table, into `row`.
+    fn embedding(&self, id: u32, row: &mut Vec<f32>) -> Result<()> {
+        self.weights
+            .read_rows_into("embeddings.tok_embeddings.weight", id as usize, 1, row)
     }
 
     /// Mean-pooled (not normalized) vectors of the packed texts into `out`
@@ -260,8 +250,9 @@ impl Model {
         let tokens = packed.ids.len();
         // transformers: tok_embeddings → LayerNorm (dropout off).
         let mut x = vec![0.0f32; tokens * h];
+        let mut e = Vec::with_capacity(h);
         for (row, &id) in x.chunks_exact_mut(h).zip(packed.ids) {
-            let e = self.embedding(id)?;
+            self.embedding(id, &mut e)?;
             simd_f32::layer_norm(&e[..h], &self.emb_norm, self.eps, row);
         }
         let mut scratch = Scratch::new(tokens, &self.config);

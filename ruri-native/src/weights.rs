@@ -205,14 +205,29 @@ impl Safetensors {
 
     /// A whole tensor as f32, row-major.
     pub(crate) fn read(&self, name: &str) -> Result<Vec<f32>> {
+        let mut out = Vec::new();
+        self.read_into(name, &mut out)?;
+        Ok(out)
+    }
+
+    /// A whole tensor as f32, row-major, into `out` (cleared first): a loader that reads
+    /// many tensors reuses one buffer instead of freeing one per tensor.
+    pub(crate) fn read_into(&self, name: &str, out: &mut Vec<f32>) -> Result<()> {
         let entry = self.entry(name)?;
         // Shapes were checked against the file's length when the header was parsed.
         let count: usize = entry.shape.iter().product();
-        self.read_elements(entry, 0, count)
+        out.clear();
+        self.read_elements_into(entry, 0, count, out)
     }
 
-    /// Rows `first .. first + rows` of a 2-D tensor as f32.
-    pub(crate) fn read_rows(&self, name: &str, first: usize, rows: usize) -> Result<Vec<f32>> {
+    /// Rows `first .. first + rows` of a 2-D tensor as f32, into `out` (cleared first).
+    pub(crate) fn read_rows_into(
+        &self,
+        name: &str,
+        first: usize,
+        rows: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
         let entry = self.entry(name)?;
         let [height, cols] = entry.shape[..] else {
             return Err(self.invalid(format!("the tensor {name} is not 2-D: {:?}", entry.shape)));
@@ -223,14 +238,22 @@ impl Safetensors {
                 first.saturating_add(rows)
             )));
         }
-        self.read_elements(entry, first * cols, rows * cols)
+        out.clear();
+        self.read_elements_into(entry, first * cols, rows * cols, out)
     }
 
-    fn read_elements(&self, entry: &Entry, skip: usize, count: usize) -> Result<Vec<f32>> {
+    fn read_elements_into(
+        &self,
+        entry: &Entry,
+        skip: usize,
+        count: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
         let width = entry.dtype.width() as usize;
-        let mut out = Vec::with_capacity(count);
-        // In chunks, so that no second full-size byte buffer exists.
-        let mut buf = vec![0u8; (count * width).clamp(4, 1 << 20)];
+        out.reserve(count);
+        // In chunks of at most 64 KiB, so that no second full-size byte buffer exists (and
+        // the chunk stays below the allocator's default threshold for a mapping of its own).
+        let mut buf = vec![0u8; (count * width).clamp(4, 1 << 16)];
         let mut offset = entry.start + (skip * width) as u64;
         let mut left = count * width;
         while left > 0 {
@@ -262,7 +285,7 @@ impl Safetensors {
             offset += n as u64;
             left -= n;
         }
-        Ok(out)
+        Ok(())
     }
 }
 
