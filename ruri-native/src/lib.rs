@@ -30,7 +30,9 @@
 //!   exactly in i32 by one of the [`Kernel`]s, then `f32(Σ) · s_x · s_w`. Input channels
 //!   that carry a massive activation (found from the weights: columns read by tiny
 //!   weights) are left out of the int8 product and added in f32 (LLM.int8()'s
-//!   decomposition), so one huge channel does not coarsen the quantization of the row.
+//!   decomposition), so one huge channel does not coarsen the quantization of the row. In
+//!   the layers not fed by a norm (the two `Wo`s), input channels that write (almost) only
+//!   one output channel are a second int8 product with scales of their own.
 //!   `tools/testdata/int8_reference.py` implements the same scheme in NumPy.
 //! * **fp32** ([`Precision::Fp32`]): the same layout with this crate's fp32 GEMM (weights
 //!   packed once at load into 64-column panels; FMA where the CPU has it).
@@ -184,7 +186,9 @@ impl NativeBuilder {
         self
     }
 
-    /// Whether int8 computes massive-activation input channels in f32 (default `true`).
+    /// Whether int8 treats massive activations apart (default `true`): the norm-fed layers
+    /// compute their outlier input channels in f32, and the other layers give the input
+    /// channels that write one output channel an int8 product of their own.
     pub fn outlier_channels(mut self, enabled: bool) -> Self {
         self.outliers = Some(enabled);
         self

@@ -7,7 +7,12 @@
 //! * activations: per token row, symmetric, 8-bit, the same formula over the row;
 //! * `y = (f32(Σ q_x · q_w) · s_x) · s_w`, exact integers in between;
 //! * outlier input channels (see [`detect_outliers`]) are left out of the int8 product and
-//!   added in f32, LLM.int8()'s decomposition: `y += Σ_c x_c · w_c` in channel order.
+//!   added in f32, LLM.int8()'s decomposition: `y += Σ_c x_c · w_c` in channel order;
+//! * where some input channels write (almost) only one output channel (see
+//!   [`detect_writers`]: the GeGLU units that feed a massive-activation channel), those
+//!   columns and the others are two int8 products, each with its own per-row activation
+//!   scale and per-output weight scales, added in that order: `out (+)= y_others`, then
+//!   `out += y_writers`. One group's large values no longer set the other's step.
 
 use crate::kernels::{Kernel, PackedWeights, QuantRows, simd_f32};
 
@@ -18,6 +23,9 @@ use crate::kernels::{Kernel, PackedWeights, QuantRows, simd_f32};
 const OUTLIER_NORM_RATIO: f32 = 0.25;
 /// At most this many outlier channels per layer (the rest of the columns stay int8).
 const MAX_OUTLIERS: usize = 8;
+/// An input channel is a writer when one output channel holds at least this share of its
+/// weight column's squared norm.
+const WRITER_SHARE: f64 = 0.5;
 
 /// Below this many rows a layer runs on one thread: splitting costs more than it saves.
 const PARALLEL_MIN_ROWS: usize = 4;
@@ -40,6 +48,17 @@ pub(crate) enum Linear {
         outliers: Vec<usize>,
         /// `outliers.len() × n`: their weights, one row per outlier channel.
         outlier_w: Vec<f32>,
+        /// The input channels this product reads, ascending (`packed.k` of the `k_in` of
+        /// x); empty: all of them.
+        columns: Vec<usize>,
+        /// Width of the input rows.
+        k_in: usize,
+    },
+    /// Two int8 products over disjoint column groups (see [`detect_writers`]), each
+    /// quantized on its own; `main` is added first.
+    Split {
+        main: Box<Linear>,
+        side: Box<Linear>,
     },
 }
 
@@ -54,6 +73,25 @@ pub(crate) fn quantize_row(x: &[f32], out: &mut [i8]) -> f32 {
     } else {
         max / 127.0
     }
+}
+
+/// Input channels that write one output channel: where that channel holds at least
+/// [`WRITER_SHARE`] of the column's squared norm (zero columns excluded), ascending; empty
+/// when none or all are.
+pub(crate) fn detect_writers(w: &[f32], n: usize, k: usize) -> Vec<usize> {
+    let mut total = vec![0.0f64; k];
+    let mut max = vec![0.0f64; k];
+    for row in w.chunks_exact(k).take(n) {
+        for ((t, m), &v) in total.iter_mut().zip(max.iter_mut()).zip(row) {
+            let e = f64::from(v) * f64::from(v);
+            *t += e;
+            *m = m.max(e);
+        }
+    }
+    let found: Vec<usize> = (0..k)
+        .filter(|&c| total[c] > 0.0 && max[c] / total[c] >= WRITER_SHARE)
+        .collect();
+    if found.len() == k { Vec::new() } else { found }
 }
 
 /// Input channels whose weight column norm is below [`OUTLIER_NORM_RATIO`] of the median
@@ -114,6 +152,43 @@ impl Linear {
             packed: PackedWeights::pack(kernel, q, n, k, scales),
             outliers,
             outlier_w,
+            columns: Vec::new(),
+            k_in: k,
+        }
+    }
+
+    /// Two int8 products from `n × k` fp32 weights: the columns `side` (ascending, as
+    /// [`detect_writers`] gives) and the others, each quantized on its own.
+    pub(crate) fn int8_split(
+        kernel: Kernel,
+        w: &[f32],
+        n: usize,
+        k: usize,
+        side: Vec<usize>,
+        q: &mut Vec<i8>,
+    ) -> Self {
+        let mut is_side = vec![false; k];
+        side.iter().for_each(|&c| is_side[c] = true);
+        let main: Vec<usize> = (0..k).filter(|&c| !is_side[c]).collect();
+        let part = |columns: Vec<usize>, q: &mut Vec<i8>| {
+            let mut sub: Vec<f32> = w
+                .chunks_exact(k)
+                .take(n)
+                .flat_map(|row| columns.iter().map(move |&c| row[c]))
+                .collect();
+            let mut linear = Linear::int8(kernel, &mut sub, n, columns.len(), Vec::new(), q);
+            if let Linear::Int8 {
+                columns: c, k_in, ..
+            } = &mut linear
+            {
+                *c = columns;
+                *k_in = k;
+            }
+            Box::new(linear)
+        };
+        Linear::Split {
+            main: part(main, q),
+            side: part(side, q),
         }
     }
 
@@ -121,13 +196,15 @@ impl Linear {
         match self {
             Linear::Fp32 { n, .. } => *n,
             Linear::Int8 { packed, .. } => packed.n,
+            Linear::Split { main, .. } => main.out_features(),
         }
     }
 
     fn in_features(&self) -> usize {
         match self {
             Linear::Fp32 { k, .. } => *k,
-            Linear::Int8 { packed, .. } => packed.k,
+            Linear::Int8 { k_in, .. } => *k_in,
+            Linear::Split { main, .. } => main.in_features(),
         }
     }
 
@@ -138,6 +215,7 @@ impl Linear {
             Linear::Int8 {
                 packed, outlier_w, ..
             } => packed.heap_bytes() + 4 * outlier_w.len(),
+            Linear::Split { main, side } => main.heap_bytes() + side.heap_bytes(),
         }
     }
 
@@ -190,17 +268,29 @@ impl Linear {
         }
         match self {
             Linear::Fp32 { w, .. } => simd_f32::fp32_gemm(x, rows, k, w, n, out, accumulate),
+            Linear::Split { main, side } => {
+                main.forward(x, rows, out, accumulate, scratch);
+                side.forward(x, rows, out, true, scratch);
+            }
             Linear::Int8 {
                 packed,
                 outliers,
                 outlier_w,
+                columns,
+                ..
             } => {
                 let LinearScratch { qa, c, masked, row } = scratch;
-                qa.reset(rows, k);
+                let kq = packed.k;
+                qa.reset(rows, kq);
                 masked.resize(k, 0.0);
                 for r in 0..rows {
                     let row = &x[r * k..(r + 1) * k];
-                    let src = if outliers.is_empty() {
+                    let src = if !columns.is_empty() {
+                        for (m, &ch) in masked.iter_mut().zip(columns) {
+                            *m = row[ch];
+                        }
+                        &masked[..kq]
+                    } else if outliers.is_empty() {
                         row
                     } else {
                         masked.copy_from_slice(row);
@@ -210,7 +300,7 @@ impl Linear {
                         &masked[..]
                     };
                     let q = qa.row_mut(r);
-                    let scale = quantize_row(src, &mut q[..k]);
+                    let scale = quantize_row(src, &mut q[..kq]);
                     qa.sums[r] = q.iter().map(|&v| i32::from(v)).sum();
                     qa.scales[r] = scale;
                 }
@@ -377,5 +467,93 @@ mod tests {
         assert_eq!(added, want);
         let (with, without) = (err(found), err(vec![]));
         assert!(with * 4.0 < without, "with {with}, without {without}");
+    }
+
+    /// Columns that write only output 0 (and carry large activations) are found, and their
+    /// own int8 product keeps the other columns' resolution: the split's error is a fraction
+    /// of one product's, and it equals the two products added in order, bit for bit.
+    #[test]
+    fn writer_columns_get_a_product_of_their_own() {
+        let (n, k, rows) = (24, 48, 5);
+        let writers: Vec<usize> = vec![3, 17, 40];
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| {
+                let (j, c) = (i / k, i % k);
+                let v = (((i * 7919) % 211) as f32 / 105.0 - 1.0) * 0.2;
+                match (writers.contains(&c), j) {
+                    (true, 0) => 0.01 * (1.0 + c as f32 / 50.0),
+                    (true, _) => 0.0,
+                    (false, _) => v,
+                }
+            })
+            .collect();
+        let x: Vec<f32> = (0..rows * k)
+            .map(|i| {
+                if writers.contains(&(i % k)) {
+                    60.0 + (i % 7) as f32
+                } else {
+                    ((i * 31) % 17) as f32 / 8.0 - 1.0
+                }
+            })
+            .collect();
+        assert_eq!(detect_writers(&w, n, k), writers);
+        // A column writing every output alike is no writer; all columns writers: no split.
+        assert!(detect_writers(&vec![0.5f32; n * k], n, k).is_empty());
+        let mut exact = vec![0.0; rows * n];
+        Linear::fp32(&w, n, k).forward(&x, rows, &mut exact, false, &mut LinearScratch::default());
+        let err = |y: &[f32]| {
+            y.iter()
+                .zip(&exact)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max)
+        };
+        let split = Linear::int8_split(Kernel::Scalar, &w, n, k, writers.clone(), &mut Vec::new());
+        let plain = Linear::int8(
+            Kernel::Scalar,
+            &mut w.clone(),
+            n,
+            k,
+            vec![],
+            &mut Vec::new(),
+        );
+        let mut scratch = LinearScratch::default();
+        let (mut ys, mut yp) = (vec![0.0; rows * n], vec![0.0; rows * n]);
+        split.forward(&x, rows, &mut ys, false, &mut scratch);
+        plain.forward(&x, rows, &mut yp, false, &mut scratch);
+        assert!(
+            err(&ys) * 4.0 < err(&yp),
+            "split {}, one product {}",
+            err(&ys),
+            err(&yp)
+        );
+        // The same as the two groups' products, each on its own columns, added in order.
+        let gather = |cols: &[usize], m: &[f32], width: usize| -> Vec<f32> {
+            m.chunks_exact(width)
+                .flat_map(|row| cols.iter().map(move |&c| row[c]))
+                .collect()
+        };
+        let others: Vec<usize> = (0..k).filter(|c| !writers.contains(c)).collect();
+        let mut want: Vec<f32> = (0..rows * n).map(|i| i as f32 * 0.01).collect();
+        let mut got = want.clone();
+        for cols in [&others, &writers] {
+            let part = Linear::int8(
+                Kernel::Scalar,
+                &mut gather(cols, &w, k),
+                n,
+                cols.len(),
+                vec![],
+                &mut Vec::new(),
+            );
+            part.forward(&gather(cols, &x, k), rows, &mut want, true, &mut scratch);
+        }
+        split.forward(&x, rows, &mut got, true, &mut scratch);
+        assert_eq!(got, want);
+        // Every kernel this CPU runs gives the same bits.
+        for kernel in Kernel::ALL.into_iter().filter(|k| k.is_available()) {
+            let layer = Linear::int8_split(kernel, &w, n, k, writers.clone(), &mut Vec::new());
+            let mut y = vec![0.0; rows * n];
+            layer.forward(&x, rows, &mut y, false, &mut scratch);
+            assert_eq!(y, ys, "{kernel:?}");
+        }
     }
 }

@@ -11,7 +11,7 @@ use crate::Precision;
 use crate::attention::{AttentionScratch, Head, attend_head};
 use crate::kernels::Kernel;
 use crate::kernels::simd_f32;
-use crate::linear::{Linear, LinearScratch, detect_outliers};
+use crate::linear::{Linear, LinearScratch, detect_outliers, detect_writers};
 use crate::weights::Safetensors;
 
 /// Rows of the MLP processed together: their intermediate activations stay in cache.
@@ -155,13 +155,23 @@ impl Model {
         // One fp32 and one int8 buffer for every layer's weights while they are prepared:
         // nothing but the prepared weights is left behind (or fragments the heap).
         let scratch = std::cell::RefCell::new((Vec::<f32>::new(), Vec::<i8>::new()));
-        let linear = |name: &str, n: usize, k: usize, outliers: bool| -> Result<Linear> {
+        // `reads_norm`: a layer fed by a LayerNorm (outlier input channels in f32); else a
+        // layer whose writer columns, if any, get an int8 product of their own.
+        let linear = |name: &str, n: usize, k: usize, reads_norm: bool| -> Result<Linear> {
             let (w, q) = &mut *scratch.borrow_mut();
             weights.read_into(name, w)?;
             Ok(match precision {
                 Precision::Fp32 => Linear::fp32(w, n, k),
+                Precision::Int8 if outliers && !reads_norm => {
+                    let writers = detect_writers(w, n, k);
+                    if writers.is_empty() {
+                        Linear::int8(kernel, w, n, k, Vec::new(), q)
+                    } else {
+                        Linear::int8_split(kernel, w, n, k, writers, q)
+                    }
+                }
                 Precision::Int8 => {
-                    let found = if outliers {
+                    let found = if outliers && reads_norm {
                         detect_outliers(w, n, k)
                     } else {
                         Vec::new()
@@ -181,10 +191,10 @@ impl Model {
                 },
                 // The norm-fed layers may read a massive-activation channel; the others read
                 // attention outputs and GeGLU products.
-                wqkv: linear(&p("attn.Wqkv.weight"), 3 * h, h, outliers)?,
+                wqkv: linear(&p("attn.Wqkv.weight"), 3 * h, h, true)?,
                 wo: linear(&p("attn.Wo.weight"), h, h, false)?,
                 mlp_norm: weights.read(&p("mlp_norm.weight"))?,
-                wi: linear(&p("mlp.Wi.weight"), 2 * i, h, outliers)?,
+                wi: linear(&p("mlp.Wi.weight"), 2 * i, h, true)?,
                 mlp_wo: linear(&p("mlp.Wo.weight"), h, i, false)?,
                 kind,
             });

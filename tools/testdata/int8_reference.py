@@ -9,6 +9,12 @@ The scheme:
   * "outlier" input channels of the norm-fed layers (Wqkv, Wi): a column whose squared norm
     is below 0.25^2 of the median squared column norm (at most 8, the smallest), left out of the
     int8 product (zeroed in x and w) and added in float32: y += x_c * w_c, channel by channel.
+  * "writer" input channels of the other layers (attention's Wo, the MLP's Wo): a column of
+    which one output channel holds at least half the squared norm (zero columns excluded; none
+    when every column is one). When there are some, the writer columns and the others are two
+    int8 products, each quantized on its own (activations per row over its own columns,
+    weights per output channel over its own columns), added to the residual in that order:
+    x = x + y_others, then x = x + y_writers.
   * GELU's erf: Abramowitz & Stegun 7.1.26 in float32 (|error| <= 1.5e-7), as the engine computes
     it. It is part of the scheme because int8 amplifies any difference before a quantizer: a
     1e-7 change of one activation can move a row's rounding by one step. `--exact-erf` uses
@@ -44,6 +50,7 @@ import numpy as np
 F = np.float32
 OUTLIER_NORM_RATIO = 0.25
 MAX_OUTLIERS = 8
+WRITER_SHARE = 0.5
 
 
 def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -85,6 +92,30 @@ class Int8Linear:
         for i, c in enumerate(self.outliers):
             y = (y + x[:, c:c + 1].astype(F) * self.outlier_w[None, :, i]).astype(F)
         return y
+
+
+def detect_writers(w: np.ndarray) -> list[int]:
+    e = w.astype(np.float64) ** 2
+    total, top = e.sum(axis=0), e.max(axis=0)
+    found = [c for c in range(w.shape[1]) if total[c] > 0 and top[c] / total[c] >= WRITER_SHARE]
+    return [] if len(found) == w.shape[1] else found
+
+
+class SplitInt8Linear:
+    """The other layers: one int8 product, or two over the writer columns and the rest."""
+
+    def __init__(self, w: np.ndarray):
+        self.writers = detect_writers(w)
+        others = [c for c in range(w.shape[1]) if c not in set(self.writers)]
+        self.groups = [(others, Int8Linear(w[:, others], outliers=False))]
+        if self.writers:
+            self.groups.append((self.writers, Int8Linear(w[:, self.writers], outliers=False)))
+
+    def add_to(self, x: np.ndarray, inp: np.ndarray) -> np.ndarray:
+        """x + y, one group after the other."""
+        for columns, linear in self.groups:
+            x = (x + linear(inp[:, columns])).astype(F)
+        return x
 
 
 LANES = 8
@@ -204,11 +235,11 @@ def embed(ids: list[int], w: dict, cfg: dict, layers: list[dict]) -> np.ndarray:
             for j in range(n):
                 out = (out + p[:, j, None] * v[None, j, head]).astype(F)
             ctx[:, head] = out
-        x = (x + L["wo"](ctx.reshape(n, h))).astype(F)
+        x = L["wo"].add_to(x, ctx.reshape(n, h))
         y = L["wi"](layer_norm(x, w[f"layers.{li}.mlp_norm.weight"], eps))
         i = cfg["intermediate_size"]
         act = (gelu(y[:, :i]) * y[:, i:]).astype(F)
-        x = (x + L["mlp_wo"](act)).astype(F)
+        x = L["mlp_wo"].add_to(x, act)
     x = layer_norm(x, w["final_norm.weight"], eps)
     pooled = np.zeros(h, dtype=F)
     for row in x:
@@ -250,9 +281,9 @@ def main() -> None:
         p = f"layers.{li}."
         layers.append(dict(
             wqkv=Int8Linear(w[p + "attn.Wqkv.weight"], outliers=True),
-            wo=Int8Linear(w[p + "attn.Wo.weight"], outliers=False),
+            wo=SplitInt8Linear(w[p + "attn.Wo.weight"]),
             wi=Int8Linear(w[p + "mlp.Wi.weight"], outliers=True),
-            mlp_wo=Int8Linear(w[p + "mlp.Wo.weight"], outliers=False),
+            mlp_wo=SplitInt8Linear(w[p + "mlp.Wo.weight"]),
         ))
     items = json.loads(Path(args.tokens).read_text())["items"]
     out_items = []
@@ -266,7 +297,8 @@ def main() -> None:
                      erf="math.erf" if EXACT_ERF else "Abramowitz-Stegun 7.1.26, float32",
                      versions=dict(numpy=version("numpy"), python=sys.version.split()[0]))
     outliers = {f"layers.{i}.{k}": L[k].outliers for i, L in enumerate(layers) for k in ("wqkv", "wi")}
-    Path(args.out).write_text(json.dumps(dict(generator=generator, outliers=outliers,
+    writers = {f"layers.{i}.{k}": L[k].writers for i, L in enumerate(layers) for k in ("wo", "mlp_wo")}
+    Path(args.out).write_text(json.dumps(dict(generator=generator, outliers=outliers, writers=writers,
                                               items=out_items), ensure_ascii=False) + "\n")
 
 
