@@ -98,6 +98,16 @@ fn backends(policy: Whitespace) -> Vec<(&'static str, Box<dyn Embedder>)> {
                     .unwrap(),
             ),
         ),
+        (
+            "native fp32",
+            Box::new(
+                ruri::native::builder()
+                    .precision(ruri::native::Precision::Fp32)
+                    .whitespace(policy)
+                    .build_from_dir(tiny_model_dir())
+                    .unwrap(),
+            ),
+        ),
     ]
 }
 
