@@ -48,9 +48,8 @@ pub(crate) enum Linear {
         outliers: Vec<usize>,
         /// `outliers.len() × n`: their weights, one row per outlier channel.
         outlier_w: Vec<f32>,
-        /// The input channels this product reads, ascending (`packed.k` of the `k_in` of
-        /// x); empty: all of them.
-        columns: Vec<usize>,
+        /// The input channels this product reads (`packed.k` of the `k_in` of x).
+        columns: Columns,
         /// Width of the input rows.
         k_in: usize,
     },
@@ -60,6 +59,25 @@ pub(crate) enum Linear {
         main: Box<Linear>,
         side: Box<Linear>,
     },
+}
+
+/// The input channels an int8 product reads.
+#[derive(Debug)]
+pub(crate) enum Columns {
+    All,
+    /// A contiguous run: read in place.
+    Range(std::ops::Range<usize>),
+    /// Ascending, gathered row by row.
+    Pick(Vec<usize>),
+}
+
+impl Columns {
+    fn from_sorted(columns: Vec<usize>) -> Self {
+        match (columns.first(), columns.last()) {
+            (Some(&a), Some(&b)) if b - a + 1 == columns.len() => Columns::Range(a..b + 1),
+            _ => Columns::Pick(columns),
+        }
+    }
 }
 
 /// Quantizes `x` to `out` (symmetric 8-bit); returns the dequantization scale (0 for a zero
@@ -152,13 +170,14 @@ impl Linear {
             packed: PackedWeights::pack(kernel, q, n, k, scales),
             outliers,
             outlier_w,
-            columns: Vec::new(),
+            columns: Columns::All,
             k_in: k,
         }
     }
 
     /// Two int8 products from `n × k` fp32 weights: the columns `side` (ascending, as
-    /// [`detect_writers`] gives) and the others, each quantized on its own.
+    /// [`detect_writers`] gives) and the others, each quantized on its own. Contiguous
+    /// groups are read in place (the loader permutes the MLP's units so that they are).
     pub(crate) fn int8_split(
         kernel: Kernel,
         w: &[f32],
@@ -181,7 +200,7 @@ impl Linear {
                 columns: c, k_in, ..
             } = &mut linear
             {
-                *c = columns;
+                *c = Columns::from_sorted(columns);
                 *k_in = k;
             }
             Box::new(linear)
@@ -285,19 +304,23 @@ impl Linear {
                 masked.resize(k, 0.0);
                 for r in 0..rows {
                     let row = &x[r * k..(r + 1) * k];
-                    let src = if !columns.is_empty() {
-                        for (m, &ch) in masked.iter_mut().zip(columns) {
-                            *m = row[ch];
+                    // Outlier channels come only with all columns (a split has none).
+                    let src = match columns {
+                        _ if !outliers.is_empty() => {
+                            masked.copy_from_slice(row);
+                            for &ch in outliers {
+                                masked[ch] = 0.0;
+                            }
+                            &masked[..]
                         }
-                        &masked[..kq]
-                    } else if outliers.is_empty() {
-                        row
-                    } else {
-                        masked.copy_from_slice(row);
-                        for &ch in outliers {
-                            masked[ch] = 0.0;
+                        Columns::All => row,
+                        Columns::Range(range) => &row[range.clone()],
+                        Columns::Pick(columns) => {
+                            for (m, &ch) in masked.iter_mut().zip(columns) {
+                                *m = row[ch];
+                            }
+                            &masked[..kq]
                         }
-                        &masked[..]
                     };
                     let q = qa.row_mut(r);
                     let scale = quantize_row(src, &mut q[..kq]);

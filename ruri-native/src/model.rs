@@ -105,6 +105,30 @@ impl Rope {
     }
 }
 
+/// Reorders the rows of `w` (`rows × k`) that are units of the MLP: Wi's `2·units` rows
+/// are the input half and the gate half, each in `units` order.
+fn permute_rows(w: &mut [f32], k: usize, units: &[usize]) {
+    let u = units.len();
+    let old = w.to_vec();
+    for half in 0..2 {
+        for (new, &from) in units.iter().enumerate() {
+            let (dst, src) = ((half * u + new) * k, (half * u + from) * k);
+            w[dst..dst + k].copy_from_slice(&old[src..src + k]);
+        }
+    }
+}
+
+/// Reorders the columns of `w` (`n × k`, k = `units.len()`) in `units` order.
+fn permute_columns(w: &mut [f32], k: usize, units: &[usize]) {
+    let mut row = vec![0.0f32; k];
+    for r in w.chunks_exact_mut(k) {
+        for (x, &from) in row.iter_mut().zip(units) {
+            *x = r[from];
+        }
+        r.copy_from_slice(&row);
+    }
+}
+
 /// The whole encoder.
 #[derive(Debug)]
 pub(crate) struct Model {
@@ -157,9 +181,23 @@ impl Model {
         let scratch = std::cell::RefCell::new((Vec::<f32>::new(), Vec::<i8>::new()));
         // `reads_norm`: a layer fed by a LayerNorm (outlier input channels in f32); else a
         // layer whose writer columns, if any, get an int8 product of their own.
-        let linear = |name: &str, n: usize, k: usize, reads_norm: bool| -> Result<Linear> {
+        // `units`: for the MLP, the order of its intermediate units (see below), applied to
+        // Wi's rows (both halves) and to Wo's columns.
+        let linear = |name: &str,
+                      n: usize,
+                      k: usize,
+                      reads_norm: bool,
+                      units: Option<&[usize]>|
+         -> Result<Linear> {
             let (w, q) = &mut *scratch.borrow_mut();
             weights.read_into(name, w)?;
+            if let Some(units) = units {
+                if reads_norm {
+                    permute_rows(w, k, units);
+                } else {
+                    permute_columns(w, k, units);
+                }
+            }
             Ok(match precision {
                 Precision::Fp32 => Linear::fp32(w, n, k),
                 Precision::Int8 if outliers && !reads_norm => {
@@ -183,6 +221,22 @@ impl Model {
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for (n, &kind) in config.layer_types.iter().enumerate() {
             let p = |t: &str| format!("layers.{n}.{t}");
+            // The MLP's writer units (see `detect_writers`) moved after the others, so that
+            // both groups of Wo's input are contiguous and read in place: the same sums
+            // (integer, and each group's max), in another order of units.
+            let units = if precision == Precision::Int8 && outliers {
+                let wo = weights.read(&p("mlp.Wo.weight"))?;
+                let writers = detect_writers(&wo, h, i);
+                (!writers.is_empty()).then(|| {
+                    let mut is_writer = vec![false; i];
+                    writers.iter().for_each(|&u| is_writer[u] = true);
+                    let mut order: Vec<usize> = (0..i).filter(|&u| !is_writer[u]).collect();
+                    order.extend(writers);
+                    order
+                })
+            } else {
+                None
+            };
             layers.push(Layer {
                 attn_norm: if n == 0 {
                     None
@@ -191,11 +245,11 @@ impl Model {
                 },
                 // The norm-fed layers may read a massive-activation channel; the others read
                 // attention outputs and GeGLU products.
-                wqkv: linear(&p("attn.Wqkv.weight"), 3 * h, h, true)?,
-                wo: linear(&p("attn.Wo.weight"), h, h, false)?,
+                wqkv: linear(&p("attn.Wqkv.weight"), 3 * h, h, true, None)?,
+                wo: linear(&p("attn.Wo.weight"), h, h, false, None)?,
                 mlp_norm: weights.read(&p("mlp_norm.weight"))?,
-                wi: linear(&p("mlp.Wi.weight"), 2 * i, h, true)?,
-                mlp_wo: linear(&p("mlp.Wo.weight"), h, i, false)?,
+                wi: linear(&p("mlp.Wi.weight"), 2 * i, h, true, units.as_deref())?,
+                mlp_wo: linear(&p("mlp.Wo.weight"), h, i, false, units.as_deref())?,
                 kind,
             });
         }
@@ -491,5 +545,76 @@ pub(crate) fn bad_id(id: i64) -> Error {
         value: id.to_string(),
         reason: "token id outside the model's vocabulary (tokenizer and model.safetensors \
                  disagree)",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::Kernel;
+
+    /// Moving the MLP's writer units after the others changes no bit of the MLP's int8
+    /// output: Wi's rows (both halves) and Wo's columns move together, and Wo's two
+    /// products then read contiguous groups in place instead of gathering them.
+    #[test]
+    fn reordered_units_give_the_same_bits() {
+        let (h, u, rows) = (8usize, 12usize, 3usize);
+        let writers = vec![1usize, 4, 5, 9];
+        let value = |i: usize| ((i * 7919) % 211) as f32 / 105.0 - 1.0;
+        let wi: Vec<f32> = (0..2 * u * h).map(value).collect();
+        let wo: Vec<f32> = (0..h * u)
+            .map(|i| {
+                let (j, c) = (i / u, i % u);
+                match (writers.contains(&c), j) {
+                    (true, 2) => 0.05,
+                    (true, _) => 0.0,
+                    _ => value(i + 3) * 0.3,
+                }
+            })
+            .collect();
+        assert_eq!(detect_writers(&wo, h, u), writers);
+        let x: Vec<f32> = (0..rows * h).map(|i| value(i + 11)).collect();
+        let mlp = |wi: &[f32], wo: &[f32], writers: Vec<usize>| {
+            let mut scratch = LinearScratch::default();
+            let wi = Linear::int8(
+                Kernel::Scalar,
+                &mut wi.to_vec(),
+                2 * u,
+                h,
+                vec![],
+                &mut Vec::new(),
+            );
+            let mut y = vec![0.0; rows * 2 * u];
+            wi.forward(&x, rows, &mut y, false, &mut scratch);
+            let mut act = vec![0.0; rows * u];
+            for (a, y) in act.chunks_exact_mut(u).zip(y.chunks_exact(2 * u)) {
+                let (input, gate) = y.split_at(u);
+                simd_f32::geglu(input, gate, a);
+            }
+            let wo = Linear::int8_split(Kernel::Scalar, wo, h, u, writers, &mut Vec::new());
+            let mut out = vec![0.5; rows * h];
+            wo.forward(&act, rows, &mut out, true, &mut scratch);
+            out
+        };
+        let mut order: Vec<usize> = (0..u).filter(|c| !writers.contains(c)).collect();
+        order.extend(&writers);
+        let (mut wi2, mut wo2) = (wi.clone(), wo.clone());
+        permute_rows(&mut wi2, h, &order);
+        permute_columns(&mut wo2, u, &order);
+        for (new, &old) in order.iter().enumerate() {
+            assert_eq!(wi2[new * h..(new + 1) * h], wi[old * h..(old + 1) * h]);
+            let gate = |n: usize| (u + n) * h..(u + n + 1) * h;
+            assert_eq!(wi2[gate(new)], wi[gate(old)]);
+            for j in 0..h {
+                assert_eq!(wo2[j * u + new], wo[j * u + old]);
+            }
+        }
+        let moved: Vec<usize> = (u - writers.len()..u).collect();
+        assert_eq!(detect_writers(&wo2, h, u), moved);
+        let (a, b) = (mlp(&wi, &wo, writers), mlp(&wi2, &wo2, moved));
+        assert_eq!(
+            a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            b.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
     }
 }
