@@ -5,7 +5,8 @@
 # against JavaScript sums byte for byte; vectors equal to x86's; errors), the Worker under
 # workerd, and prints the figures of tests/bench.mjs. Needs the 30m-shape model and workload
 # (`tools/testdata/generate.sh 30m`, in testdata/generated/; the kernel test alone runs without
-# them). `--no-setup` skips setup.sh; `--no-bench` skips the figures.
+# them). `--no-setup` skips setup.sh; `--no-bench` skips the figures (and builds the x86
+# example in the dev profile, as CI's `cargo test` does, instead of release).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 setup=1 bench=1
@@ -31,8 +32,12 @@ if ! [ -f "$model/model.safetensors" ] || ! [ -f "$reference" ]; then
 fi
 x86="$root/target/wasm/x86_int8.json"
 mkdir -p "$(dirname "$x86")"
-(cd "$root" && cargo run --release -q -p ruri-native --example wasm_reference -- \
-  "$model" "$reference" "$x86" "$workload")
+# Release for the figures; without them the dev profile (ruri-native is optimized there too, and
+# CI's `cargo test` has built it already): int8 vectors have the same bits either way.
+profile=() speed=()
+[ "$bench" = 1 ] && profile=(--release) speed=("$workload")
+(cd "$root" && cargo run "${profile[@]}" -q -p ruri-native --example wasm_reference -- \
+  "$model" "$reference" "$x86" "${speed[@]}")
 export RURI_WASM_MODEL="$model" RURI_WASM_REFERENCE="$reference" RURI_WASM_X86="$x86"
 node --test tests/parity.mjs
 (cd worker && { [ -x node_modules/.bin/workerd ] || npm ci --no-audit --no-fund; } && node test.mjs)
