@@ -49,6 +49,14 @@ for (const kernel of ["simd128", "scalar"]) {
     }
   });
 
+  test(`${kernel} equals the JavaScript sums across row blocks (32 rows) and the model's widths`, () => {
+    const next = rng(7);
+    for (const [m, n, k] of [[33, 9, 4], [70, 130, 100], [65, 768, 256], [3, 256, 1024]]) {
+      const a = matrix(next, m * k), w = matrix(next, n * k);
+      assert.deepStrictEqual(ruri.int8Gemm(kernel, a, w, m, n, k), naive(a, w, m, n, k), `shape ${m}×${n}×${k}`);
+    }
+  });
+
   test(`${kernel}: the largest sums (K = 3072, all products ±127²) are exact`, () => {
     const [m, n, k] = [7, 70, 3072];
     const a = new Int8Array(m * k).fill(127);
