@@ -39,7 +39,8 @@ pub struct Embedder {
 #[wasm_bindgen]
 impl Embedder {
     /// `configJson`: the text of `config.json`; `tokenizerJson`: the text of
-    /// `tokenizer.json`; `weights`: the bytes of `model.safetensors`. Options (all optional):
+    /// `tokenizer.json`; `weights`: the bytes of `model.safetensors` (a `Uint8Array`, or an
+    /// `ArrayBuffer`). Options (all optional):
     /// `kernel` (`"simd128"` or `"scalar"`; default simd128), `precision` (`"int8"` or
     /// `"fp32"`; default int8), `maxLength` (tokens, special ones included; default the
     /// model's `max_position_embeddings`, as sentence-transformers' 8192 for Ruri v3).
@@ -47,10 +48,22 @@ impl Embedder {
     pub fn new(
         config_json: &str,
         tokenizer_json: &str,
-        weights: &js_sys::Uint8Array,
+        weights: JsValue,
         options: Option<js_sys::Object>,
     ) -> Result<Embedder, JsValue> {
         let options = Options::read(options.as_ref()).map_err(to_js)?;
+        let weights = if let Some(buffer) = weights.dyn_ref::<js_sys::ArrayBuffer>() {
+            js_sys::Uint8Array::new(buffer)
+        } else {
+            weights
+                .dyn_into::<js_sys::Uint8Array>()
+                .map_err(|_| Error::InvalidOption {
+                    name: "weights",
+                    value: "not a Uint8Array or ArrayBuffer".into(),
+                    reason: "pass the bytes of model.safetensors",
+                })
+                .map_err(to_js)?
+        };
         let mut builder = NativeBuilder::default()
             .precision(options.precision)
             .threads(1);
@@ -81,7 +94,7 @@ impl Embedder {
             }));
         }
         let backend =
-            ruri_native::NativeBackend::from_bytes(&builder, config_json, copy_once(weights))
+            ruri_native::NativeBackend::from_bytes(&builder, config_json, copy_once(&weights))
                 .map_err(to_js)?;
         let kernel = backend.kernel();
         if backend_dim(&backend) != config.hidden_size {

@@ -40,7 +40,7 @@ const gc = async () => {
     if (globalThis.gc) globalThis.gc();
   }
 };
-const fmt = (m) => `JS heap ${m.heap.toFixed(1)} + ArrayBuffers ${m.arrayBuffers.toFixed(1)} + wasm ${m.wasm.toFixed(1)} = ${m.total.toFixed(1)} MB`;
+const fmt = (m) => `JS heap ${m.heap.toFixed(1)} + ArrayBuffers ${m.arrayBuffers.toFixed(1)} + wasm ${m.wasm.toFixed(1)} = ${m.total.toFixed(1)} MiB`;
 
 await gc();
 const before = memory();
@@ -56,7 +56,7 @@ weights = null;
 await gc();
 const afterLoad = memory();
 
-let peak = afterLoad.total;
+let peak = Math.max(duringLoad.total, afterLoad.total);
 const times = [];
 for (const q of queries) {
   const s = performance.now();
@@ -92,11 +92,11 @@ if (process.env.RURI_WASM_X86) {
   report.x86 = { kernel: x86.kernel, query_ms: x86.query_ms, documents_per_s: x86.documents_per_s };
   if (x86.query_ms) report.p50_vs_x86 = report.query_ms.p50 / x86.query_ms.p50;
 }
-console.log(`.wasm ${(report.wasm_bytes / MB).toFixed(2)} MB, gzipped ${(report.wasm_gzip_bytes / MB).toFixed(2)} MB; code + tokenizer gzipped ${(report.bundle_gzip_bytes / MB).toFixed(2)} MB`);
+console.log(`.wasm ${(report.wasm_bytes / MB).toFixed(2)} MiB, gzipped ${(report.wasm_gzip_bytes / MB).toFixed(2)} MiB; code + tokenizer gzipped ${(report.bundle_gzip_bytes / MB).toFixed(2)} MiB`);
 console.log(`load: instantiate ${report.load_ms.instantiate.toFixed(0)} ms, Embedder ${report.load_ms.embedder.toFixed(0)} ms, first vector ${report.load_ms.first_vector.toFixed(1)} ms`);
 console.log(`memory during load: ${fmt(duringLoad)}`);
 console.log(`memory after load:  ${fmt(afterLoad)}`);
-console.log(`memory peak total:  ${peak.toFixed(1)} MB; end: ${fmt(end)}`);
+console.log(`memory peak (load included): ${peak.toFixed(1)} MiB; end: ${fmt(end)}`);
 console.log(`query p50 ${report.query_ms.p50.toFixed(3)} ms, p99 ${report.query_ms.p99.toFixed(3)} ms; ${docsPerS.toFixed(1)} documents/s`);
 if (report.p50_vs_x86) console.log(`x86 native (${report.x86.kernel}) query p50 ${report.x86.query_ms.p50.toFixed(3)} ms: wasm/x86 = ${report.p50_vs_x86.toFixed(2)}×; x86 ${report.x86.documents_per_s.toFixed(1)} documents/s`);
 console.log(JSON.stringify(report));

@@ -96,6 +96,8 @@ test("bad input is a RuriError with ruri's message, never a crash", () => {
     "InvalidConfig",
     /model\.safetensors/,
   );
+  expectError(() => new ruri.Embedder(files.config, files.tokenizer, new Uint8Array(0)), "InvalidConfig", /model\.safetensors/);
+  expectError(() => new ruri.Embedder(files.config, files.tokenizer, "weights"), "InvalidOption", /weights/);
   expectError(
     () => new ruri.Embedder(files.config, files.tokenizer, files.weights, { kernel: "avx2" }),
     "InvalidOption",

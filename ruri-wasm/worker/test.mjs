@@ -93,6 +93,11 @@ try {
   const bad = await post({ input: [] });
   assert.equal(bad.status, 400);
   assert.equal(bad.json.error.param, "input");
+  const long = "日本の首都は東京です。".repeat(1000);
+  const tooLong = await post({ input: long });
+  assert.equal(tooLong.status, 400);
+  assert.match(tooLong.json.error.message, /more than the model.s maximum of 2048/);
+  assert.equal((await post({ input: long, truncate: true })).status, 200);
   const badTask = await post({ input: "x", prompt_name: "poem" });
   assert.equal(badTask.status, 400);
   assert.match(badTask.json.error.message, /task/);
@@ -121,7 +126,7 @@ try {
     max_abs_diff_vs_x86: worst,
   };
   console.log(`workerd: first request (load + first vector) ${firstMs.toFixed(0)} ms; request p50 ${at(0.5).toFixed(2)} ms, p99 ${at(0.99).toFixed(2)} ms; 50 concurrent: ${(50 / concurrentS).toFixed(1)} texts/s`);
-  console.log(`workerd: linear memory ${afterLoad.wasm.toFixed(1)} MB after load, ${end.wasm.toFixed(1)} MB at the end; process RSS ${rssBeforeLoad.rss.toFixed(0)} → ${afterLoad.rss.toFixed(0)} → ${end.rss.toFixed(0)} MB, peak ${end.hwm.toFixed(0)} MB`);
+  console.log(`workerd: linear memory ${afterLoad.wasm.toFixed(1)} MiB after load, ${end.wasm.toFixed(1)} MiB at the end; process RSS ${rssBeforeLoad.rss.toFixed(0)} → ${afterLoad.rss.toFixed(0)} → ${end.rss.toFixed(0)} MiB, peak ${end.hwm.toFixed(0)} MiB`);
   console.log(`workerd: vectors vs x86 native int8: max |Δ| ${worst}`);
   console.log(JSON.stringify(report));
   console.log("ok: worker test passed");

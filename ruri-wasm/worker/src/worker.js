@@ -18,10 +18,14 @@ import weights from "./model/model.safetensors";
 
 let embedder = null;
 const MODEL_NAME = "ruri-v3-30m";
+// Linear memory never shrinks, and the engine's scratch grows with the longest text it has
+// seen (30m shape: +0 MiB up to 512 tokens, +3 at 1,024, +13 at 2,048, +78 at 8,192), so a
+// Worker caps the length (longer inputs: 400, or truncated with `"truncate": true`).
+const MAX_TOKENS = 2048;
 
 function load() {
   initSync({ module: wasmModule });
-  embedder = new Embedder(configJson, tokenizerJson, new Uint8Array(weights));
+  embedder = new Embedder(configJson, tokenizerJson, weights, { maxLength: MAX_TOKENS });
   embedder.embedQuery(""); // the first vector is part of the load
 }
 
