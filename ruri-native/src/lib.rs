@@ -43,8 +43,9 @@
 //! rotary tables, pooling) is plain IEEE arithmetic in a fixed order with this crate's own
 //! `exp` and `erf` and libm's pure-Rust `sin`/`cos`, so a text's int8 vector has the same
 //! bits alone or in any batch, on every kernel, on every CPU. Force a kernel with
-//! [`NativeBuilder::kernel`] or `RURI_KERNEL=scalar|avx2|avx512vnni` (an unknown name, or one
-//! this CPU cannot run, is [`ruri_core::Error::InvalidOption`]). fp32 vectors depend on the
+//! [`NativeBuilder::kernel`] or `RURI_KERNEL=scalar|avx2|avx512vnni|simd128` (an unknown
+//! name, or one this CPU or build target cannot run, is [`ruri_core::Error::InvalidOption`];
+//! `simd128` runs in `wasm32` builds with the `simd128` target feature). fp32 vectors depend on the
 //! CPU's instructions (FMA or not), within 1e-5 of sentence-transformers.
 //!
 //! # Threads
@@ -52,7 +53,9 @@
 //! A batch with several texts is split into groups of whole texts, one per thread, each
 //! running the whole model: no thread joins inside a layer. A pool of
 //! [`NativeBuilder::threads`] workers (default: the machine's available parallelism) is
-//! owned by the backend; idle workers spin briefly, then sleep.
+//! owned by the backend; idle workers spin briefly, then sleep. Where the platform reports
+//! no parallelism (`wasm32-unknown-unknown`, which has no threads) the default is one thread
+//! and no pool is started.
 //!
 //! # Memory
 //!
@@ -110,6 +113,38 @@ pub mod bench {
             self.weights.gemm(&self.a, &mut self.c);
             self.c.iter().step_by(61).map(|&v| i64::from(v)).sum()
         }
+    }
+
+    /// `C = A · Wᵀ` (`a`: `m × k`, `w`: `n × k`, row-major; C `m × n`) on `kernel`, for tests
+    /// that check a kernel against a sum computed elsewhere (ruri-wasm's node test). `None`
+    /// when the kernel does not run here or a length does not match its shape.
+    pub fn int8_gemm(
+        kernel: Kernel,
+        a: &[i8],
+        w: &[i8],
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Option<Vec<i32>> {
+        if !kernel.is_available() || a.len() != m.checked_mul(k)? || w.len() != n.checked_mul(k)? {
+            return None;
+        }
+        let weights = PackedWeights::pack(kernel, w, n, k, vec![1.0; n]);
+        let mut rows = QuantRows::default();
+        rows.reset(m, k);
+        for r in 0..m {
+            let row = &a[r * k..(r + 1) * k];
+            rows.row_mut(r)[..k].copy_from_slice(row);
+            rows.sums[r] = row.iter().map(|&v| i32::from(v)).sum();
+        }
+        let mut c = vec![0; m * weights.n_padded];
+        weights.gemm(&rows, &mut c);
+        Some(
+            c.chunks_exact(weights.n_padded.max(1))
+                .take(m)
+                .flat_map(|row| row[..n].iter().copied())
+                .collect(),
+        )
     }
 }
 

@@ -8,12 +8,17 @@
 //!   A is broadcast as s8; `128 · Σₖ A[m][k]` is subtracted at the end.
 //! * [`Kernel::Avx2`]: W and A sign-extended to 16 bits, `vpmaddwd` (i16 × i16 pairs → i32).
 //!   Not `vpmaddubsw`, whose 16-bit pair sums saturate on 8-bit weights.
+//! * [`Kernel::Simd128`]: WebAssembly simd128, W and A sign-extended to 16 bits,
+//!   `i32x4.dot_i16x8_s` (i16 × i16 pairs → i32, exact); only in builds for `wasm32` with
+//!   the `simd128` target feature.
 //! * [`Kernel::Scalar`]: plain Rust, the reference the others are tested against.
 //!
 //! Weights are packed once per kernel at load ([`PackedWeights`]); activations are rows of
 //! [`QuantRows`], K padded with zeros to a multiple of 4.
 
 pub(crate) mod simd_f32;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod wasm;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
@@ -37,11 +42,19 @@ pub enum Kernel {
     Avx2,
     /// x86-64 AVX-512 VNNI (with AVX-512 BW): `vpdpbusd`.
     Avx512Vnni,
+    /// WebAssembly simd128: 16-bit dot products of sign-extended bytes (`wasm32` builds
+    /// with `-C target-feature=+simd128`; WebAssembly has no run-time detection).
+    Simd128,
 }
 
 impl Kernel {
     /// Every kernel this build knows, whether or not this CPU runs it.
-    pub const ALL: [Kernel; 3] = [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512Vnni];
+    pub const ALL: [Kernel; 4] = [
+        Kernel::Scalar,
+        Kernel::Avx2,
+        Kernel::Avx512Vnni,
+        Kernel::Simd128,
+    ];
 
     /// The name `RURI_KERNEL` and [`FromStr`] take.
     pub fn name(self) -> &'static str {
@@ -49,6 +62,7 @@ impl Kernel {
             Kernel::Scalar => "scalar",
             Kernel::Avx2 => "avx2",
             Kernel::Avx512Vnni => "avx512vnni",
+            Kernel::Simd128 => "simd128",
         }
     }
 
@@ -66,6 +80,7 @@ impl Kernel {
             }
             #[cfg(not(target_arch = "x86_64"))]
             Kernel::Avx2 | Kernel::Avx512Vnni => false,
+            Kernel::Simd128 => cfg!(all(target_arch = "wasm32", target_feature = "simd128")),
         }
     }
 
@@ -98,7 +113,7 @@ impl Kernel {
             .ok_or_else(|| Error::InvalidOption {
                 name: option,
                 value: name.to_owned(),
-                reason: "unknown int8 kernel (known: scalar, avx2, avx512vnni)",
+                reason: "unknown int8 kernel (known: scalar, avx2, avx512vnni, simd128)",
             })?;
         kernel.ensure_available(option)?;
         Ok(kernel)
@@ -127,7 +142,8 @@ impl fmt::Display for Kernel {
 impl FromStr for Kernel {
     type Err = Error;
 
-    /// A kernel by name (`scalar`, `avx2`, `avx512vnni`); unavailable ones are an error too.
+    /// A kernel by name (`scalar`, `avx2`, `avx512vnni`, `simd128`); unavailable ones are an
+    /// error too.
     fn from_str(name: &str) -> Result<Self> {
         Self::checked(name, "kernel")
     }
@@ -251,6 +267,28 @@ impl PackedWeights {
                 }
                 (n_padded, data)
             }
+            Kernel::Simd128 => {
+                // [column block of 8][k pair][column][2 bytes]: one 16-byte vector per block
+                // and pair. Padding is w = 0, so padded k and columns contribute nothing.
+                let n_padded = round_up(n, 8);
+                let pairs = k_padded / 2;
+                let mut data = vec![0u8; n_padded * k_padded];
+                for block in 0..n_padded / 8 {
+                    for p in 0..pairs {
+                        let base = (block * pairs + p) * 16;
+                        for c in 0..8 {
+                            let col = block * 8 + c;
+                            for j in 0..2 {
+                                let kk = 2 * p + j;
+                                if col < n && kk < k {
+                                    data[base + c * 2 + j] = q[col * k + kk] as u8;
+                                }
+                            }
+                        }
+                    }
+                }
+                (n_padded, data)
+            }
         };
         Self {
             kernel,
@@ -299,6 +337,14 @@ impl PackedWeights {
             #[cfg(not(target_arch = "x86_64"))]
             Kernel::Avx2 | Kernel::Avx512Vnni => {
                 unreachable!("x86 kernels are refused on other targets at build time")
+            }
+            #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+            Kernel::Simd128 => {
+                wasm::simd128_gemm(&a.data, rows, self.k_padded, &self.data, self.n_padded, c)
+            }
+            #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
+            Kernel::Simd128 => {
+                unreachable!("the simd128 kernel is refused on other targets at build time")
             }
         }
     }

@@ -1,0 +1,338 @@
+//! Ruri v3 embeddings for JavaScript: ruri's native engine (int8, exact integer sums with the
+//! simd128 kernel) compiled to WebAssembly and bound with wasm-bindgen.
+//!
+//! ```js
+//! import { Embedder } from "./pkg/node/ruri_wasm.js";
+//! // config.json's text, tokenizer.json's text, model.safetensors' bytes (a Uint8Array).
+//! const embedder = new Embedder(configJson, tokenizerJson, weights);
+//! const query = embedder.embedQuery("瑠璃色はどんな色？"); // Float32Array, unit norm
+//! const docs = embedder.embedDocuments(["瑠璃色は紫みを帯びた濃い青。"]); // Float32Array[]
+//! ```
+//!
+//! * **No file system, no threads.** Everything is passed in as text or bytes; the engine runs
+//!   on the caller's thread (`wasm32-unknown-unknown` has no threads, so no pool is started).
+//! * **The same vectors as the native engine on x86**: the int8 scheme is the same and every
+//!   float step is plain IEEE arithmetic in the same order (ruri-native's crate docs), so a
+//!   text's int8 vector has the same bits here (`tests/parity.mjs` checks it).
+//! * **Weights copied once**: the safetensors bytes go from the JavaScript `Uint8Array`
+//!   straight into the buffer the engine reads in place; the caller may drop its array
+//!   after the constructor returns.
+//! * **Errors** are JavaScript `Error`s named `RuriError`, with ruri's message (the cause chain
+//!   included) and the variant of `ruri_core::Error` in `kind`.
+
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+
+use ruri_core::{Error, ModelConfig, Prompts, TextEmbedder, Tokenizer};
+use ruri_native::{Kernel, NativeBuilder, Precision};
+use wasm_bindgen::prelude::*;
+
+/// A Ruri v3 embedder on ruri's native engine (int8 by default).
+#[wasm_bindgen]
+pub struct Embedder {
+    inner: TextEmbedder,
+    kernel: Option<Kernel>,
+}
+
+#[wasm_bindgen]
+impl Embedder {
+    /// `configJson`: the text of `config.json`; `tokenizerJson`: the text of
+    /// `tokenizer.json`; `weights`: the bytes of `model.safetensors` (a `Uint8Array`, or an
+    /// `ArrayBuffer`). Options (all optional):
+    /// `kernel` (`"simd128"` or `"scalar"`; default simd128), `precision` (`"int8"` or
+    /// `"fp32"`; default int8), `maxLength` (tokens, special ones included; default the
+    /// model's `max_position_embeddings`, as sentence-transformers' 8192 for Ruri v3).
+    #[wasm_bindgen(constructor)]
+    pub fn new(
+        config_json: &str,
+        tokenizer_json: &str,
+        weights: JsValue,
+        options: Option<js_sys::Object>,
+    ) -> Result<Embedder, JsValue> {
+        let options = Options::read(options.as_ref()).map_err(to_js)?;
+        let weights = if let Some(buffer) = weights.dyn_ref::<js_sys::ArrayBuffer>() {
+            js_sys::Uint8Array::new(buffer)
+        } else {
+            weights
+                .dyn_into::<js_sys::Uint8Array>()
+                .map_err(|_| Error::InvalidOption {
+                    name: "weights",
+                    value: "not a Uint8Array or ArrayBuffer".into(),
+                    reason: "pass the bytes of model.safetensors",
+                })
+                .map_err(to_js)?
+        };
+        let mut builder = NativeBuilder::default()
+            .precision(options.precision)
+            .threads(1);
+        if let Some(kernel) = options.kernel {
+            builder = builder.kernel(kernel);
+        }
+        let config = ModelConfig::from_json_str(config_json, "config.json").map_err(to_js)?;
+        let max_length = options.max_length.unwrap_or(config.max_position_embeddings);
+        let tokenizer = Tokenizer::from_json(tokenizer_json.as_bytes(), max_length, None)
+            .map_err(|source| match source {
+                ruri_core::tokenize::TokenizeError::InvalidTokenizer { .. } => {
+                    Error::InvalidTokenizer {
+                        path: "tokenizer.json".into(),
+                        source,
+                    }
+                }
+                other => Error::Tokenizer(other),
+            })
+            .map_err(to_js)?;
+        if tokenizer.pad_id() != config.pad_token_id {
+            return Err(to_js(Error::InvalidConfig {
+                path: "config.json".into(),
+                reason: format!(
+                    "pad_token_id is {} but the tokenizer pads with id {} (<pad>)",
+                    config.pad_token_id,
+                    tokenizer.pad_id()
+                ),
+            }));
+        }
+        let backend =
+            ruri_native::NativeBackend::from_bytes(&builder, config_json, copy_once(&weights))
+                .map_err(to_js)?;
+        let kernel = backend.kernel();
+        if backend_dim(&backend) != config.hidden_size {
+            return Err(to_js(Error::InvalidConfig {
+                path: "config.json".into(),
+                reason: format!(
+                    "hidden_size {} but the model's vectors have {} dimensions",
+                    config.hidden_size,
+                    backend_dim(&backend)
+                ),
+            }));
+        }
+        let inner =
+            TextEmbedder::new(tokenizer, Prompts::default(), backend, None).map_err(to_js)?;
+        Ok(Embedder { inner, kernel })
+    }
+
+    /// A search query (prefixed `"検索クエリ: "`), L2-normalized.
+    #[wasm_bindgen(js_name = embedQuery)]
+    pub fn embed_query(&self, text: &str) -> Result<Vec<f32>, JsValue> {
+        self.inner.embed_query(text).map_err(to_js)
+    }
+
+    /// Documents (prefixed `"検索文書: "`), one `Float32Array` each, in input order.
+    #[wasm_bindgen(js_name = embedDocuments)]
+    pub fn embed_documents(
+        &self,
+        texts: Vec<String>,
+    ) -> Result<Vec<js_sys::Float32Array>, JsValue> {
+        let embeddings = self.inner.embed_documents(&texts).map_err(to_js)?;
+        Ok(embeddings.iter().map(js_sys::Float32Array::from).collect())
+    }
+
+    /// Texts with the prompt of `task`: `"query"` (`"検索クエリ: "`), `"document"`
+    /// (`"検索文書: "`), `"topic"` (`"トピック: "`) or `""` / omitted (no prompt, the
+    /// similarity task); one `Float32Array` each, in input order.
+    pub fn embed(
+        &self,
+        texts: Vec<String>,
+        task: Option<String>,
+    ) -> Result<Vec<js_sys::Float32Array>, JsValue> {
+        let task = parse_task(task.as_deref()).map_err(to_js)?;
+        let embeddings = self.inner.embed(&texts, task).map_err(to_js)?;
+        Ok(embeddings.iter().map(js_sys::Float32Array::from).collect())
+    }
+
+    /// One request of a server (the example Worker's `POST /v1/embeddings`): texts with the
+    /// prompt of `task` (as [`embed`](Self::embed)); over-long texts are refused with
+    /// `InputTooLong` unless `truncate`. Answers `{ vectors: Float32Array[], tokens }`,
+    /// `tokens` counting every text's tokens (special ones included).
+    #[wasm_bindgen(js_name = embedRequest)]
+    pub fn embed_request(
+        &self,
+        texts: Vec<String>,
+        task: Option<String>,
+        truncate: bool,
+    ) -> Result<js_sys::Object, JsValue> {
+        let task = parse_task(task.as_deref()).map_err(to_js)?;
+        let truncation = if truncate {
+            ruri_core::Truncation::Truncate
+        } else {
+            ruri_core::Truncation::Error
+        };
+        let options = ruri_core::EmbedOptions::new(task).truncation(truncation);
+        let embeddings = self.inner.embed_with(&texts, &options).map_err(to_js)?;
+        let vectors: js_sys::Array = embeddings
+            .iter()
+            .map(|v| JsValue::from(js_sys::Float32Array::from(v)))
+            .collect();
+        let tokens: usize = embeddings.token_counts().iter().sum();
+        let out = js_sys::Object::new();
+        // Setting properties on a fresh plain object cannot fail.
+        let _ = js_sys::Reflect::set(&out, &"vectors".into(), &vectors);
+        let _ = js_sys::Reflect::set(&out, &"tokens".into(), &(tokens as f64).into());
+        Ok(out)
+    }
+
+    /// Width of the vectors.
+    #[wasm_bindgen(getter)]
+    pub fn dim(&self) -> usize {
+        self.inner.dim()
+    }
+
+    /// The int8 kernel in use (`"simd128"`, `"scalar"`), or `undefined` at fp32.
+    #[wasm_bindgen(getter)]
+    pub fn kernel(&self) -> Option<String> {
+        self.kernel.map(|k| k.name().to_owned())
+    }
+}
+
+/// `C = A · Wᵀ` on the named int8 kernel (`a`: `m × k`, `w`: `n × k`, row-major), for the
+/// test that checks each kernel against a sum computed in JavaScript. Not a stable API.
+#[doc(hidden)]
+#[wasm_bindgen(js_name = int8Gemm)]
+pub fn int8_gemm(
+    kernel: &str,
+    a: &[i8],
+    w: &[i8],
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<Vec<i32>, JsValue> {
+    let kernel: Kernel = kernel.parse().map_err(to_js)?;
+    ruri_native::bench::int8_gemm(kernel, a, w, m, n, k).ok_or_else(|| {
+        to_js(Error::InvalidOption {
+            name: "int8Gemm",
+            value: format!(
+                "a: {} bytes, w: {} bytes, {m} × {n} × {k}",
+                a.len(),
+                w.len()
+            ),
+            reason: "the lengths do not match the shape",
+        })
+    })
+}
+
+/// Bytes of this module's linear memory (it only grows): with the JavaScript heap, what a
+/// Cloudflare Worker's memory limit counts.
+#[wasm_bindgen(js_name = wasmMemoryBytes)]
+pub fn wasm_memory_bytes() -> f64 {
+    #[cfg(target_arch = "wasm32")]
+    let pages = std::arch::wasm32::memory_size(0);
+    #[cfg(not(target_arch = "wasm32"))]
+    let pages = 0;
+    (pages * 65536) as f64
+}
+
+/// A task by its prompt name, as ruri-server's `prompt_name`.
+fn parse_task(name: Option<&str>) -> ruri_core::Result<ruri_core::Task> {
+    Ok(match name.unwrap_or("") {
+        "" => ruri_core::Task::None,
+        "query" => ruri_core::Task::Query,
+        "document" => ruri_core::Task::Document,
+        "topic" => ruri_core::Task::Topic,
+        other => {
+            return Err(Error::InvalidOption {
+                name: "task",
+                value: other.to_owned(),
+                reason: "known: query, document, topic, or \"\" (no prompt)",
+            });
+        }
+    })
+}
+
+/// Options of [`Embedder::new`], from a plain JavaScript object.
+struct Options {
+    kernel: Option<Kernel>,
+    precision: Precision,
+    max_length: Option<usize>,
+}
+
+impl Options {
+    fn read(object: Option<&js_sys::Object>) -> ruri_core::Result<Self> {
+        let mut options = Options {
+            kernel: None,
+            precision: Precision::Int8,
+            max_length: None,
+        };
+        let Some(object) = object else {
+            return Ok(options);
+        };
+        if let Some(name) = string_option(object, "kernel")? {
+            options.kernel = Some(name.parse()?);
+        }
+        if let Some(name) = string_option(object, "precision")? {
+            options.precision = match name.as_str() {
+                "int8" => Precision::Int8,
+                "fp32" => Precision::Fp32,
+                _ => {
+                    return Err(Error::InvalidOption {
+                        name: "precision",
+                        value: name,
+                        reason: "known: int8, fp32",
+                    });
+                }
+            };
+        }
+        let value = get(object, "maxLength");
+        if !value.is_undefined() {
+            let max = value
+                .as_f64()
+                .filter(|v| v.fract() == 0.0 && *v >= 1.0 && *v <= 1e9)
+                .ok_or_else(|| Error::InvalidOption {
+                    name: "maxLength",
+                    value: format!("{value:?}"),
+                    reason: "needs a whole number of tokens, at least 1",
+                })?;
+            options.max_length = Some(max as usize);
+        }
+        Ok(options)
+    }
+}
+
+fn get(object: &js_sys::Object, key: &str) -> JsValue {
+    js_sys::Reflect::get(object, &JsValue::from_str(key)).unwrap_or(JsValue::UNDEFINED)
+}
+
+fn string_option(object: &js_sys::Object, key: &'static str) -> ruri_core::Result<Option<String>> {
+    let value = get(object, key);
+    if value.is_undefined() || value.is_null() {
+        return Ok(None);
+    }
+    value
+        .as_string()
+        .map(Some)
+        .ok_or_else(|| Error::InvalidOption {
+            name: key,
+            value: format!("{value:?}"),
+            reason: "needs a string",
+        })
+}
+
+fn backend_dim(backend: &ruri_native::NativeBackend) -> usize {
+    ruri_core::Backend::dim(backend)
+}
+
+/// The JavaScript bytes copied once, into the buffer the engine keeps (a `&[u8]` argument
+/// would copy them into linear memory, and `Arc::from` a second time).
+fn copy_once(array: &js_sys::Uint8Array) -> Arc<[u8]> {
+    // `repeat_n` knows its length, so the Arc is allocated once at its final size.
+    let mut bytes: Arc<[u8]> = std::iter::repeat_n(0u8, array.length() as usize).collect();
+    let slice = Arc::get_mut(&mut bytes).expect("a fresh Arc has no other owner");
+    array.copy_to(slice);
+    bytes
+}
+
+/// A ruri error as a JavaScript `Error` named `RuriError`: the message with its causes, and
+/// the variant's name in `kind`.
+fn to_js(error: Error) -> JsValue {
+    let kind = format!("{error:?}");
+    let kind = kind
+        .split(|c: char| !c.is_alphanumeric())
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let js = js_sys::Error::new(&ruri_core::error_chain(&error).to_string());
+    js.set_name("RuriError");
+    // Setting a property on a fresh Error object cannot fail.
+    let _ = js_sys::Reflect::set(&js, &JsValue::from_str("kind"), &JsValue::from_str(&kind));
+    js.into()
+}

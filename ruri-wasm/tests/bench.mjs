@@ -1,0 +1,102 @@
+// Figures for BENCHMARKS.md under node (reports; the tests assert): .wasm size, load time
+// (instantiate → first vector), memory (JS heap + ArrayBuffers + wasm linear memory) after
+// load, at peak and at the end of 200 queries + 50 more, single-query p50/p99 on the benchmark
+// workload's 200 queries, and documents/s on its first 512 documents. Run with
+// `node --expose-gc tests/bench.mjs` (tools/wasm/test.sh does); the x86 figures of the same
+// run come from the wasm_reference example (RURI_WASM_X86).
+import { createRequire } from "node:module";
+import { readFileSync, statSync } from "node:fs";
+import { gzipSync } from "node:zlib";
+import { join } from "node:path";
+import { dirname, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { performance } from "node:perf_hooks";
+
+// Not common.mjs: importing it would instantiate the module before the clock starts.
+const repo = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
+const modelDir = process.env.RURI_WASM_MODEL ?? join(repo, "testdata", "generated", "ruri-v3-30m-shape");
+
+const pkg = join(repo, "ruri-wasm", "pkg", "node");
+const workload = process.env.RURI_WASM_WORKLOAD ?? join(repo, "testdata", "generated", "bench");
+const lines = (f) => readFileSync(join(workload, f), "utf8").trim().split("\n").map((l) => JSON.parse(l).text);
+const queries = lines("queries.jsonl");
+const documents = lines("documents.jsonl").slice(0, 512);
+const config = readFileSync(join(modelDir, "config.json"), "utf8");
+const tokenizer = readFileSync(join(modelDir, "tokenizer.json"), "utf8");
+let weights = readFileSync(join(modelDir, "model.safetensors")); // a Buffer is a Uint8Array
+
+const MB = 1024 * 1024;
+let ruri;
+function memory() {
+  const m = process.memoryUsage();
+  const wasm = ruri ? ruri.wasmMemoryBytes() : 0;
+  return { heap: m.heapUsed / MB, arrayBuffers: m.arrayBuffers / MB, wasm: wasm / MB, total: (m.heapUsed + m.arrayBuffers + wasm) / MB };
+}
+// A full collection after the current task, so that dropped buffers are really gone.
+// (Two rounds: V8 frees an ArrayBuffer's backing store only after a later collection.)
+const gc = async () => {
+  for (let i = 0; i < 2; i++) {
+    await new Promise((r) => setTimeout(r, 20));
+    if (globalThis.gc) globalThis.gc();
+  }
+};
+const fmt = (m) => `JS heap ${m.heap.toFixed(1)} + ArrayBuffers ${m.arrayBuffers.toFixed(1)} + wasm ${m.wasm.toFixed(1)} = ${m.total.toFixed(1)} MiB`;
+
+await gc();
+const before = memory();
+const t0 = performance.now();
+ruri = createRequire(import.meta.url)(join(pkg, "ruri_wasm.js")); // compiles + instantiates
+const t1 = performance.now();
+const embedder = new ruri.Embedder(config, tokenizer, weights);
+const t2 = performance.now();
+embedder.embedQuery(queries[0]);
+const t3 = performance.now();
+const duringLoad = memory(); // the caller's copy of the weights still alive
+weights = null;
+await gc();
+const afterLoad = memory();
+
+let peak = Math.max(duringLoad.total, afterLoad.total);
+const times = [];
+for (const q of queries) {
+  const s = performance.now();
+  embedder.embedQuery(q);
+  times.push(performance.now() - s);
+  peak = Math.max(peak, memory().total);
+}
+for (const q of queries.slice(0, 50)) {
+  embedder.embedQuery(q);
+  peak = Math.max(peak, memory().total);
+}
+const s = performance.now();
+embedder.embedDocuments(documents);
+const docsPerS = documents.length / ((performance.now() - s) / 1e3);
+peak = Math.max(peak, memory().total);
+await gc();
+const end = memory();
+times.sort((a, b) => a - b);
+const at = (p) => times[Math.round((times.length - 1) * p)];
+
+const wasmBytes = readFileSync(join(pkg, "ruri_wasm_bg.wasm"));
+const report = {
+  wasm_bytes: wasmBytes.length,
+  wasm_gzip_bytes: gzipSync(wasmBytes, { level: 9 }).length,
+  bundle_gzip_bytes: gzipSync(Buffer.concat([wasmBytes, readFileSync(join(pkg, "ruri_wasm.js")), Buffer.from(tokenizer)]), { level: 9 }).length,
+  load_ms: { instantiate: t1 - t0, embedder: t2 - t1, first_vector: t3 - t2, total: t3 - t0 },
+  memory_mb: { before, during_load: duringLoad, after_load: afterLoad, peak_total: peak, end },
+  query_ms: { p50: at(0.5), p99: at(0.99), runs: times.length },
+  documents_per_s: docsPerS,
+};
+if (process.env.RURI_WASM_X86) {
+  const x86 = JSON.parse(readFileSync(process.env.RURI_WASM_X86, "utf8"));
+  report.x86 = { kernel: x86.kernel, query_ms: x86.query_ms, documents_per_s: x86.documents_per_s };
+  if (x86.query_ms) report.p50_vs_x86 = report.query_ms.p50 / x86.query_ms.p50;
+}
+console.log(`.wasm ${(report.wasm_bytes / MB).toFixed(2)} MiB, gzipped ${(report.wasm_gzip_bytes / MB).toFixed(2)} MiB; code + tokenizer gzipped ${(report.bundle_gzip_bytes / MB).toFixed(2)} MiB`);
+console.log(`load: instantiate ${report.load_ms.instantiate.toFixed(0)} ms, Embedder ${report.load_ms.embedder.toFixed(0)} ms, first vector ${report.load_ms.first_vector.toFixed(1)} ms`);
+console.log(`memory during load: ${fmt(duringLoad)}`);
+console.log(`memory after load:  ${fmt(afterLoad)}`);
+console.log(`memory peak (load included): ${peak.toFixed(1)} MiB; end: ${fmt(end)}`);
+console.log(`query p50 ${report.query_ms.p50.toFixed(3)} ms, p99 ${report.query_ms.p99.toFixed(3)} ms; ${docsPerS.toFixed(1)} documents/s`);
+if (report.p50_vs_x86) console.log(`x86 native (${report.x86.kernel}) query p50 ${report.x86.query_ms.p50.toFixed(3)} ms: wasm/x86 = ${report.p50_vs_x86.toFixed(2)}×; x86 ${report.x86.documents_per_s.toFixed(1)} documents/s`);
+console.log(JSON.stringify(report));

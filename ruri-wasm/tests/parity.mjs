@@ -1,0 +1,116 @@
+// The 30m-shape model in WebAssembly against the native engine on x86 and against Python:
+// each reference text alone with its prompt. Needs `tools/testdata/generate.sh 30m` (the model
+// and Python's reference) and the x86 vectors of `cargo run --release -p ruri-native
+// --example wasm_reference` in RURI_WASM_X86 (tools/wasm/test.sh does both).
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { ruri, modelFiles, referencePath, cosine, maxAbsDiff } from "./common.mjs";
+
+// Same integer scheme and the same float steps in the same order: the int8 vector is expected
+// bit for bit; 1e-6 is the issue's stated bound.
+const X86_MAX_ABS_DIFF = 1e-6;
+// int8 against sentence-transformers fp32 on this model: ONNX Runtime's int8 agreement on it
+// (`checks.ort_int8_vs_st_fp32_normalized.min_cosine` of the reference: 0.990). Measured
+// here: 0.9921, the x86 native engine's value too since the bits are equal.
+const INT8_MIN_COSINE = 0.99;
+
+const reference = JSON.parse(readFileSync(referencePath, "utf8"));
+const x86Path = process.env.RURI_WASM_X86;
+if (!x86Path) throw new Error("set RURI_WASM_X86 to the output of the wasm_reference example");
+const x86 = new Map(JSON.parse(readFileSync(x86Path, "utf8")).items.map((i) => [i.id, i.vector]));
+
+const files = modelFiles();
+const embedder = new ruri.Embedder(files.config, files.tokenizer, files.weights);
+
+function alone(e, item) {
+  return e.embed([item.text], item.prompt_name)[0];
+}
+
+test("the default kernel is simd128, and the vectors are 256 wide", () => {
+  assert.equal(embedder.kernel, "simd128");
+  assert.equal(embedder.dim, reference.dim);
+});
+
+test("every vector equals the native x86 int8 engine's", () => {
+  let worst = 0, identical = 0;
+  for (const item of reference.items) {
+    const want = x86.get(item.id);
+    assert.ok(want, `x86 vector for ${item.id}`);
+    const got = alone(embedder, item);
+    const d = maxAbsDiff(got, want);
+    worst = Math.max(worst, d);
+    if (got.every((v, i) => v === Math.fround(want[i]))) identical++;
+    assert.ok(d <= X86_MAX_ABS_DIFF, `${item.id}: max |Δ| ${d}`);
+  }
+  console.log(`wasm vs x86 native int8: max |Δ| ${worst}, ${identical}/${reference.items.length} bit-identical`);
+});
+
+test("int8 stays within its bound of sentence-transformers fp32", () => {
+  let min = 1;
+  for (const item of reference.items) {
+    const c = cosine(alone(embedder, item), item.st_fp32.normalized);
+    min = Math.min(min, c);
+    assert.ok(c >= INT8_MIN_COSINE, `${item.id}: cosine ${c}`);
+  }
+  console.log(`wasm int8 vs sentence-transformers fp32: min cosine ${min.toFixed(6)}`);
+});
+
+test("embedQuery and embedDocuments add the prompts and keep the order; a batch equals each alone", () => {
+  const queries = reference.items.filter((i) => i.prompt_name === "query");
+  const documents = reference.items.filter((i) => i.prompt_name === "document");
+  assert.ok(queries.length > 0 && documents.length > 1);
+  for (const q of queries) {
+    const got = embedder.embedQuery(q.text);
+    assert.ok(got instanceof Float32Array);
+    assert.deepStrictEqual(Array.from(got), Array.from(alone(embedder, q)));
+  }
+  const batch = embedder.embedDocuments(documents.map((d) => d.text).reverse());
+  assert.equal(batch.length, documents.length);
+  documents.reverse().forEach((d, i) => {
+    assert.deepStrictEqual(Array.from(batch[i]), Array.from(alone(embedder, d)), d.id);
+  });
+});
+
+test("the scalar kernel gives the same bits", () => {
+  const scalar = new ruri.Embedder(files.config, files.tokenizer, files.weights, { kernel: "scalar" });
+  assert.equal(scalar.kernel, "scalar");
+  for (const item of reference.items.slice(0, 6)) {
+    assert.deepStrictEqual(Array.from(alone(scalar, item)), Array.from(alone(embedder, item)), item.id);
+  }
+  scalar.free();
+});
+
+test("bad input is a RuriError with ruri's message, never a crash", () => {
+  const expectError = (f, kind, pattern) =>
+    assert.throws(f, (e) => {
+      assert.equal(e.name, "RuriError");
+      assert.equal(e.kind, kind);
+      assert.match(e.message, pattern);
+      return true;
+    });
+  expectError(() => new ruri.Embedder("{", files.tokenizer, files.weights), "InvalidJson", /config\.json/);
+  expectError(() => new ruri.Embedder(files.config, "{}", files.weights), "InvalidTokenizer", /tokenizer\.json/);
+  expectError(
+    () => new ruri.Embedder(files.config, files.tokenizer, files.weights.subarray(0, 1000)),
+    "InvalidConfig",
+    /model\.safetensors/,
+  );
+  expectError(() => new ruri.Embedder(files.config, files.tokenizer, new Uint8Array(0)), "InvalidConfig", /model\.safetensors/);
+  expectError(() => new ruri.Embedder(files.config, files.tokenizer, "weights"), "InvalidOption", /weights/);
+  expectError(
+    () => new ruri.Embedder(files.config, files.tokenizer, files.weights, { kernel: "avx2" }),
+    "InvalidOption",
+    /kernel/,
+  );
+  expectError(() => embedder.embed(["x"], "poem"), "InvalidOption", /task/);
+  for (const maxLength of [0, 2.5, "8"]) {
+    expectError(
+      () => new ruri.Embedder(files.config, files.tokenizer, files.weights, { maxLength }),
+      "InvalidOption",
+      /maxLength/,
+    );
+  }
+  // The embedder still works after the errors.
+  assert.equal(embedder.embedQuery("瑠璃色").length, reference.dim);
+});

@@ -1,0 +1,108 @@
+// An example Cloudflare Worker: ruri-v3 embeddings in the isolate, `POST /v1/embeddings` in
+// OpenAI's shape (as ruri-server: `input` a string or an array of strings, `model` ignored,
+// `encoding_format` "float" or "base64", `dimensions`; extensions `prompt_name` ("query",
+// "document", "topic", "") and `truncate`), plus `GET /stats` (linear memory, kernel) and
+// `GET /health` (answers without loading the model).
+//
+// The model is loaded once per isolate, on the first request. Here its files are modules of
+// the Worker (config.capnp for workerd; a bundled asset works the same way for small models);
+// in production the 147 MB safetensors exceeds every Workers bundle limit: fetch it from R2
+// (`await env.MODEL.get("model.safetensors")` → `arrayBuffer()`) or KV in `load()` instead,
+// and drop the ArrayBuffer after the Embedder is built (the Embedder keeps its own copy in
+// linear memory).
+import { initSync, Embedder, wasmMemoryBytes } from "./ruri_wasm.js";
+import wasmModule from "./ruri_wasm_bg.wasm";
+import configJson from "./model/config.json";
+import tokenizerJson from "./model/tokenizer.json";
+import weights from "./model/model.safetensors";
+
+let embedder = null;
+const MODEL_NAME = "ruri-v3-30m";
+// Linear memory never shrinks, and the engine's scratch grows with the longest text it has
+// seen (30m shape: +0 MiB up to 512 tokens, +3 at 1,024, +13 at 2,048, +78 at 8,192), so a
+// Worker caps the length (longer inputs: 400, or truncated with `"truncate": true`).
+const MAX_TOKENS = 2048;
+
+function load() {
+  initSync({ module: wasmModule });
+  embedder = new Embedder(configJson, tokenizerJson, weights, { maxLength: MAX_TOKENS });
+  embedder.embedQuery(""); // the first vector is part of the load
+}
+
+function error(status, message, type, param = null) {
+  return Response.json({ error: { message, type, param, code: null } }, { status });
+}
+
+function base64(vector) {
+  const bytes = new Uint8Array(vector.buffer, vector.byteOffset, vector.byteLength);
+  let s = "";
+  for (let i = 0; i < bytes.length; i += 0x8000) s += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  return btoa(s);
+}
+
+async function embeddings(request) {
+  let body;
+  try {
+    body = await request.json();
+  } catch {
+    return error(400, "the body is not JSON", "invalid_request_error");
+  }
+  const input = typeof body?.input === "string" ? [body.input] : body?.input;
+  if (!Array.isArray(input) || input.length === 0 || !input.every((t) => typeof t === "string")) {
+    return error(400, "`input` must be a string or a non-empty array of strings", "invalid_request_error", "input");
+  }
+  const format = body.encoding_format ?? "float";
+  if (format !== "float" && format !== "base64") {
+    return error(400, "`encoding_format` must be \"float\" or \"base64\"", "invalid_request_error", "encoding_format");
+  }
+  const dims = body.dimensions;
+  if (dims !== undefined && !(Number.isInteger(dims) && dims >= 1 && dims <= embedder.dim)) {
+    return error(400, `\`dimensions\` must be a whole number from 1 to ${embedder.dim}`, "invalid_request_error", "dimensions");
+  }
+  let out;
+  try {
+    out = embedder.embedRequest(input, body.prompt_name ?? "", body.truncate === true);
+  } catch (e) {
+    const client = e.kind === "InputTooLong" || e.kind === "InvalidOption" || e.kind === "Tokenizer";
+    return error(client ? 400 : 500, e.message, client ? "invalid_request_error" : "server_error");
+  }
+  const data = out.vectors.map((v, index) => {
+    if (dims !== undefined && dims < v.length) {
+      // Cut, then normalize again (as ruri-server and OpenAI's `dimensions`).
+      v = v.slice(0, dims);
+      let n = 0;
+      for (const x of v) n += x * x;
+      n = Math.sqrt(n);
+      if (n > 0) for (let i = 0; i < v.length; i++) v[i] /= n;
+    }
+    return { object: "embedding", index, embedding: format === "base64" ? base64(v) : Array.from(v) };
+  });
+  return Response.json({
+    object: "list",
+    data,
+    model: MODEL_NAME,
+    usage: { prompt_tokens: out.tokens, total_tokens: out.tokens },
+  });
+}
+
+export default {
+  async fetch(request) {
+    const url = new URL(request.url);
+    if (url.pathname === "/health") return new Response("ok"); // answers before the model loads
+    if (embedder === null) {
+      try {
+        load();
+      } catch (e) {
+        embedder = null;
+        return error(500, `loading the model failed: ${e.message}`, "server_error");
+      }
+    }
+    if (url.pathname === "/v1/embeddings") {
+      return request.method === "POST" ? embeddings(request) : error(405, "use POST", "invalid_request_error");
+    }
+    if (url.pathname === "/stats") {
+      return Response.json({ wasm_memory_bytes: wasmMemoryBytes(), kernel: embedder.kernel });
+    }
+    return error(404, `no route ${url.pathname}`, "invalid_request_error");
+  },
+};
