@@ -368,6 +368,11 @@ impl ShapeSet {
         serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
     }
 
+    /// The folder of the tokenizer files every shape uses.
+    pub fn tokenizer_dir(&self) -> &Path {
+        &self.tokenizer
+    }
+
     /// The recipe folder of `size`.
     pub fn recipe_dir(&self, size: &str) -> PathBuf {
         self.models.join(size)
