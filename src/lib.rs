@@ -61,8 +61,9 @@ pub use loader::{BackendKind, EmbedderConfig, Graph, Precision, from_pretrained}
 
 pub use ruri_core::{
     BatchOptions, EmbedOptions, Embedder, Embeddings, Encoding, Error, ErrorChain, ModelDir,
-    Prompts, Result, Task, TextEmbedder, TokenSource, Tokenizer, Truncation, Whitespace, cosine,
-    dot, error_chain, l2_normalize, prompts, tokenize, top_k,
+    Prompts, Quantization, QuantizationRanges, QuantizedEmbeddings, Result, Task, TextEmbedder,
+    TokenSource, Tokenizer, Truncation, Whitespace, cosine, dot, error_chain, l2_normalize,
+    prompts, tokenize, top_k,
 };
 
 /// For backend authors: what a backend implements ([`Backend`](backend::Backend)) and the

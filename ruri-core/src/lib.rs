@@ -76,6 +76,7 @@ mod error;
 pub mod hub;
 mod model_dir;
 mod pipeline;
+pub mod quantize;
 mod similarity;
 mod text_embedder;
 
@@ -84,6 +85,7 @@ pub use embedder::{EmbedOptions, Embedder, Embeddings, Task};
 pub use error::{Error, ErrorChain, Result, TokenSource, error_chain};
 pub use model_dir::{Layout, ModelDir, Prompts, prompts};
 pub use pipeline::{Backend, BackendOutput, BatchOptions, l2_normalize, mean_pool, plan_batches};
+pub use quantize::{Quantization, QuantizationRanges, QuantizedEmbeddings};
 pub use similarity::{cosine, dot, top_k};
 pub use text_embedder::TextEmbedder;
 
