@@ -9,7 +9,7 @@
 
 use std::path::PathBuf;
 
-use numpy::PyArray2;
+use numpy::{PyArray2, PyReadonlyArray2};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -426,10 +426,67 @@ fn texts_of(py: Python<'_>, sentences: &Bound<'_, PyList>) -> PyResult<Vec<Strin
         .collect()
 }
 
+/// The rows of a 2-D float32 array, row-major, and its width.
+fn rows_of(array: &PyReadonlyArray2<'_, f32>) -> (Vec<f32>, usize) {
+    let view = array.as_array();
+    (view.iter().copied().collect(), view.ncols())
+}
+
+/// sentence-transformers' `quantize_embeddings` on ruri's [`ruri::Embeddings::quantize`]:
+/// `vectors` (float32, n × dim) to int8 or uint8 arrays (n × dim, or n × ⌈dim / 8⌉ for the
+/// binary precisions); `ranges` (2 × dim: minimums, maximums) or `calibration` (m × dim) for
+/// int8 and uint8, else ranges from `vectors` themselves.
+#[pyfunction]
+#[pyo3(signature = (vectors, precision, ranges=None, calibration=None))]
+fn quantize<'py>(
+    py: Python<'py>,
+    vectors: PyReadonlyArray2<'py, f32>,
+    precision: &str,
+    ranges: Option<PyReadonlyArray2<'py, f32>>,
+    calibration: Option<PyReadonlyArray2<'py, f32>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let (data, dim) = rows_of(&vectors);
+    let ranges = ranges.map(|r| rows_of(&r));
+    let calibration = calibration.map(|c| rows_of(&c));
+    let run = || -> ruri::Result<ruri::QuantizedEmbeddings> {
+        let precision: ruri::Quantization = precision.parse()?;
+        let n = data.len().checked_div(dim).unwrap_or(0);
+        let embeddings = ruri::Embeddings::from_parts(data, dim, vec![0; n], vec![false; n])?;
+        let ranges = match (ranges, calibration) {
+            (Some((r, width)), _) if r.len() == 2 * width => Some(ruri::QuantizationRanges::new(
+                r[..width].to_vec(),
+                r[width..].to_vec(),
+            )?),
+            (Some((r, width)), _) => {
+                return Err(Error::InvalidOption {
+                    name: "ranges",
+                    value: format!("{} rows of {width}", r.len().checked_div(width).unwrap_or(0)),
+                    reason: "expected an array of shape (2, dim): the minimums, then the maximums",
+                });
+            }
+            (None, Some((c, width))) => Some(ruri::QuantizationRanges::from_vectors(&c, width)?),
+            (None, None) => None,
+        };
+        embeddings.quantize(precision, ranges.as_ref())
+    };
+    let q = py.detach(run).map_err(|e| to_py(py, e, Phase::Embed))?;
+    let shape = (q.len(), q.row_bytes());
+    if q.precision().is_signed() {
+        let values = q.to_i8().expect("a signed precision");
+        let array = ndarray::Array2::from_shape_vec(shape, values).expect("len × row_bytes values");
+        Ok(PyArray2::from_owned_array(py, array).into_any())
+    } else {
+        let array = ndarray::Array2::from_shape_vec(shape, q.into_bytes())
+            .expect("len × row_bytes values");
+        Ok(PyArray2::from_owned_array(py, array).into_any())
+    }
+}
+
 /// The extension module.
 #[pymodule]
 fn _ruri(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Engine>()?;
+    m.add_function(wrap_pyfunction!(quantize, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     let backends: Vec<&str> = BackendKind::COMPILED.iter().map(|b| b.name()).collect();
     m.add("BACKENDS", backends)?;

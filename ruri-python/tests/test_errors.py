@@ -52,8 +52,6 @@ def test_unknown_prompt_name_has_ruris_message(ort_int8):
 @pytest.mark.parametrize("kwargs", [
     {"output_value": "token_embeddings"},
     {"output_value": None},
-    {"precision": "binary"},
-    {"precision": "int8"},
     {"convert_to_tensor": True},
     {"device": "cuda"},
     {"show_progress_bar": True},

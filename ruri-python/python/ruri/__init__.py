@@ -23,10 +23,12 @@ from ._errors import (
 )
 from ._ruri import BACKENDS, HUB, ONNXRUNTIME_VERSION, __version__
 from ._embedder import Embedder, onnxruntime_library
+from ._quantization import quantize_embeddings
 
 __all__ = [
     "Embedder",
     "onnxruntime_library",
+    "quantize_embeddings",
     "BACKENDS",
     "HUB",
     "ONNXRUNTIME_VERSION",

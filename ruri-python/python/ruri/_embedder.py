@@ -12,6 +12,7 @@ import numpy as np
 
 from . import _ruri
 from ._errors import InputError, InputTypeError, UnsupportedArgumentError
+from ._quantization import PRECISIONS, quantize_embeddings
 
 __all__ = ["Embedder", "onnxruntime_library"]
 
@@ -214,7 +215,9 @@ class Embedder:
                 ``max_batch_tokens``). Must be positive.
             show_progress_bar: ``None`` or ``False`` (no progress bar is drawn).
             output_value: Only ``"sentence_embedding"``.
-            precision: Only ``"float32"``.
+            precision: ``"float32"`` (default), or ``"int8"``, ``"uint8"``, ``"binary"``,
+                ``"ubinary"``: the vectors quantized as sentence-transformers does
+                (:func:`ruri.quantize_embeddings`, int8/uint8 ranges from this call's vectors).
             convert_to_numpy: ``True`` (default): one float32 array. ``False``: a list of 1-D
                 float32 arrays (sentence-transformers gives torch tensors there).
             convert_to_tensor: Only ``False``.
@@ -263,9 +266,14 @@ class Embedder:
                            "Ignoring the `prompt_name` in favor of `prompt`.")
             prompt_name = None
         texts, singular = _as_text_list(sentences)
+        if precision not in PRECISIONS:
+            raise InputError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
         vectors = self._engine.embed(texts, prompt=prompt, prompt_name=prompt_name,
                                      normalize=bool(normalize_embeddings),
                                      batch_size=batch_size, truncate_dim=truncate_dim)
+        if texts and precision != "float32":
+            # As sentence-transformers: the ranges of int8/uint8 come from this call's vectors.
+            vectors = quantize_embeddings(vectors, precision)
         if singular:
             return vectors[0]
         if not convert_to_numpy:
@@ -404,9 +412,6 @@ class Embedder:
         if output_value != "sentence_embedding":
             refuse(f"output_value={output_value!r} is not supported: ruri returns sentence "
                    "embeddings only (output_value='sentence_embedding')")
-        if precision != "float32":
-            refuse(f"precision={precision!r} is not supported: ruri returns float32; quantize "
-                   "them with sentence_transformers.quantization.quantize_embeddings if needed")
         if convert_to_tensor:
             refuse("convert_to_tensor=True is not supported: ruri returns NumPy arrays "
                    "(torch.from_numpy(array) wraps one without a copy)")

@@ -1,6 +1,6 @@
 """Type stubs of the extension module ``ruri._ruri`` (ruri-python/src/lib.rs)."""
 
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import numpy.typing as npt
@@ -56,3 +56,10 @@ class Engine:
     def whitespace(self) -> str: ...
     @staticmethod
     def loaded_runtime_path() -> Optional[str]: ...
+
+def quantize(
+    vectors: npt.NDArray[np.float32],
+    precision: str,
+    ranges: Optional[npt.NDArray[np.float32]] = None,
+    calibration: Optional[npt.NDArray[np.float32]] = None,
+) -> npt.NDArray[Any]: ...
