@@ -460,7 +460,10 @@ fn quantize<'py>(
             (Some((r, width)), _) => {
                 return Err(Error::InvalidOption {
                     name: "ranges",
-                    value: format!("{} rows of {width}", r.len().checked_div(width).unwrap_or(0)),
+                    value: format!(
+                        "{} rows of {width}",
+                        r.len().checked_div(width).unwrap_or(0)
+                    ),
                     reason: "expected an array of shape (2, dim): the minimums, then the maximums",
                 });
             }
@@ -476,8 +479,8 @@ fn quantize<'py>(
         let array = ndarray::Array2::from_shape_vec(shape, values).expect("len × row_bytes values");
         Ok(PyArray2::from_owned_array(py, array).into_any())
     } else {
-        let array = ndarray::Array2::from_shape_vec(shape, q.into_bytes())
-            .expect("len × row_bytes values");
+        let array =
+            ndarray::Array2::from_shape_vec(shape, q.into_bytes()).expect("len × row_bytes values");
         Ok(PyArray2::from_owned_array(py, array).into_any())
     }
 }
