@@ -146,3 +146,95 @@ fn broken_checkpoints_are_typed_errors() {
     let e = fused(dir.path(), Precision::Fp32).unwrap_err();
     assert!(invalid_config(&e).contains("mlp.Wi.weight"), "{e:?}");
 }
+
+/// The tiny model's checkpoint with its header rewritten by `edit` (offsets stay relative to
+/// the data, so the data is kept as is).
+fn with_header(edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+    let good = std::fs::read(tiny_model_dir().join("model.safetensors")).unwrap();
+    let len = u64::from_le_bytes(good[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&good[8..8 + len]).unwrap();
+    edit(&mut header);
+    let header = serde_json::to_vec(&header).unwrap();
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&header);
+    out.extend_from_slice(&good[8 + len..]);
+    out
+}
+
+const EMBEDDINGS: &str = "embeddings.tok_embeddings.weight";
+
+/// Crafted headers, each on both precisions: a typed error naming the tensor, never a panic
+/// (tests run in a debug build, where each of these overflowed before the parser's
+/// arithmetic was checked).
+#[test]
+fn crafted_headers_are_typed_errors() {
+    let cases: [(&str, serde_json::Value, serde_json::Value); 5] = [
+        (
+            "offsets that wrap",
+            // The right length, but `data_start + end` wraps past u64::MAX.
+            serde_json::json!([8000, 64]),
+            serde_json::json!([u64::MAX - 2_047_999, u64::MAX]),
+        ),
+        (
+            "a range that runs backwards",
+            serde_json::json!([8000, 64]),
+            serde_json::json!([2_048_000, 0]),
+        ),
+        (
+            "a start past the end of the file",
+            serde_json::json!([8000, 64]),
+            serde_json::json!([1u64 << 40, (1u64 << 40) + 2_048_000]),
+        ),
+        (
+            "a shape whose product overflows",
+            serde_json::json!([1u64 << 32, 1u64 << 32, 2]),
+            serde_json::json!([0, 0]),
+        ),
+        (
+            "a product that wraps to the data's length",
+            // (2^62 + 2) · 4 bytes ≡ 8 (mod 2^64).
+            serde_json::json!([(1u64 << 62) + 2]),
+            serde_json::json!([0, 8]),
+        ),
+    ];
+    for (case, shape, offsets) in cases {
+        let bytes = with_header(|h| {
+            h[EMBEDDINGS]["shape"] = shape.clone();
+            h[EMBEDDINGS]["data_offsets"] = offsets.clone();
+        });
+        for precision in [Precision::Fp32, Precision::Int8] {
+            let e = fused(with_weights(&bytes).path(), precision).unwrap_err();
+            let reason = invalid_config(&e);
+            assert!(
+                reason.contains(EMBEDDINGS) && reason.contains("does not fit"),
+                "{case}, {precision:?}: {reason}"
+            );
+        }
+    }
+}
+
+/// A `config.json` whose vocabulary makes the embedding table's byte length wrap to exactly
+/// its real length: (2^56 + 8000) · 64 · 4 ≡ 8000 · 64 · 4 (mod 2^64). Unchecked, the shape
+/// matched config.json, the size check passed, and the int8 table asked for 2^62 bytes.
+#[test]
+fn a_table_whose_length_wraps_to_the_right_size_is_refused() {
+    let vocab = (1u64 << 56) + 8000;
+    let bytes = with_header(|h| h[EMBEDDINGS]["shape"] = serde_json::json!([vocab, 64]));
+    for precision in [Precision::Fp32, Precision::Int8] {
+        let dir = with_weights(&bytes);
+        let config = dir.path().join("config.json");
+        let text = std::fs::read_to_string(&config).unwrap();
+        assert!(text.contains("\"vocab_size\": 8000"));
+        std::fs::write(
+            &config,
+            text.replace("\"vocab_size\": 8000", &format!("\"vocab_size\": {vocab}")),
+        )
+        .unwrap();
+        let e = fused(dir.path(), precision).unwrap_err();
+        let reason = invalid_config(&e);
+        assert!(
+            reason.contains(EMBEDDINGS) && reason.contains("does not fit"),
+            "{precision:?}: {reason}"
+        );
+    }
+}
