@@ -433,6 +433,117 @@ fn corrupt_short_or_unranged_answers_never_enter_the_cache() {
     assert_eq!(std::fs::read(blobs.join(&sha)).unwrap(), bytes);
 }
 
+/// A body that stalls (half sent, then silence for [`hub_mock::STALL`]) counts as a dropped
+/// connection once a read waits past the read timeout: the retry fires and resumes it, long
+/// before the stall would have ended.
+#[test]
+fn a_stalled_body_times_out_and_the_retry_resumes_it() {
+    let (mock, cache) = start();
+    mock.set_fault("model.safetensors", Fault::StallOnce);
+    let started = std::time::Instant::now();
+    let embedder = ruri::candle::builder()
+        .build_from_hub(
+            HubRepo::new(TINY_REPO)
+                .hub(hub(&mock, cache.path()).read_timeout(Duration::from_millis(500))),
+        )
+        .unwrap();
+    let took = started.elapsed();
+    assert!(
+        took < hub_mock::STALL / 2,
+        "took {took:?}: the stall ({:?}) was waited out",
+        hub_mock::STALL
+    );
+    let local = ruri::candle::builder()
+        .build_from_dir(tiny_model_dir())
+        .unwrap();
+    assert_eq!(vectors(&embedder), vectors(&local));
+    let gets = transfers(&mock, "model.safetensors");
+    assert_eq!(gets.len(), 2, "{gets:?}");
+    let half = tiny_bytes("model.safetensors").len() / 2;
+    assert_eq!(gets[1], Some(format!("bytes={half}-")), "{gets:?}");
+}
+
+/// The size cap: a file announced over it is refused before any byte moves, and a body
+/// longer than announced is cut at the announced size and refused; neither enters the cache.
+#[test]
+fn oversized_files_are_refused_before_and_during_the_transfer() {
+    let (mock, cache) = start();
+    let bytes = tiny_bytes("model.safetensors");
+    let sha = sha256_hex(&bytes);
+    let blobs = storage(cache.path(), TINY_REPO).join("blobs");
+    let snap = snapshot(cache.path(), TINY_REPO, &mock.commit(TINY_REPO, "main"));
+
+    let capped = hub(&mock, cache.path()).max_file_bytes(bytes.len() as u64 - 1);
+    match ruri::candle::builder().build_from_hub(HubRepo::new(TINY_REPO).hub(capped)) {
+        Err(Error::Download { reason, .. }) => {
+            assert!(
+                reason.contains(&format!("announces {} bytes", bytes.len()))
+                    && reason.contains("max_file_bytes"),
+                "{reason}"
+            );
+        }
+        other => panic!("{:?}", other.err()),
+    }
+    assert!(transfers(&mock, "model.safetensors").is_empty());
+    assert!(!blobs.join(format!("{sha}.incomplete")).exists());
+    assert!(!snap.join("model.safetensors").exists());
+    // At exactly its size the same file passes the cap.
+    let exact = hub(&mock, cache.path()).max_file_bytes(bytes.len() as u64);
+    ruri::candle::builder()
+        .build_from_hub(HubRepo::new(TINY_REPO).hub(exact))
+        .unwrap();
+    assert_eq!(std::fs::read(blobs.join(&sha)).unwrap(), bytes);
+
+    // A CDN that sends twice the announced bytes.
+    let (mock, cache) = start();
+    let blobs = storage(cache.path(), TINY_REPO).join("blobs");
+    let snap = snapshot(cache.path(), TINY_REPO, &mock.commit(TINY_REPO, "main"));
+    mock.set_fault("model.safetensors", Fault::Oversize);
+    match ruri::candle::builder()
+        .build_from_hub(HubRepo::new(TINY_REPO).hub(hub(&mock, cache.path())))
+    {
+        Err(Error::Download { reason, .. }) => {
+            assert!(
+                reason.contains(&format!("more than the {} bytes announced", bytes.len())),
+                "{reason}"
+            );
+        }
+        other => panic!("{:?}", other.err()),
+    }
+    assert!(!blobs.join(&sha).exists());
+    let partial = std::fs::metadata(blobs.join(format!("{sha}.incomplete"))).map_or(0, |m| m.len());
+    assert_eq!(partial, 0, "the oversized body was kept");
+    assert!(!snap.join("model.safetensors").exists());
+}
+
+/// The token goes to the Hub's origin and never to the CDN's (another origin, reached by the
+/// resolve route's redirect), for LFS files fetched by ruri's own transfer and by hf-hub's
+/// probes alike.
+#[test]
+fn the_token_never_reaches_the_cdn() {
+    let (mock, cache) = start();
+    let hub = hub(&mock, cache.path()).token(GOOD_TOKEN);
+    ort_onnx(Precision::Int8)
+        .build_from_hub(HubRepo::new(TINY_REPO).hub(hub))
+        .unwrap();
+    let requests = mock.requests();
+    let (cdn, origin): (Vec<_>, Vec<_>) =
+        requests.iter().partition(|r| r.path.starts_with("/cdn/"));
+    assert!(!cdn.is_empty(), "no request reached the CDN: {requests:?}");
+    for request in &cdn {
+        assert_eq!(request.authorization, None, "{request:?}");
+    }
+    // The Hub itself did get the token (else this test would pass with no token at all).
+    let bearer = format!("Bearer {GOOD_TOKEN}");
+    assert!(
+        origin
+            .iter()
+            .filter(|r| r.path.contains("/resolve/"))
+            .all(|r| r.authorization.as_deref() == Some(bearer.as_str())),
+        "{origin:?}"
+    );
+}
+
 #[test]
 fn hub_errors_are_typed() {
     let (mock, cache) = start();
