@@ -544,6 +544,49 @@ fn the_token_never_reaches_the_cdn() {
     );
 }
 
+/// `.no_exist/<commit>/<path>`, huggingface_hub's record of a file the Hub does not have:
+/// written for the folder files a listing lacks, and read offline, where a file it names is
+/// the Hub's `RemoteFileNotFound`, not a gap in the cache (`NotCached`).
+#[test]
+fn no_exist_markers_are_written_and_honoured() {
+    // The tiny model without config_sentence_transformers.json (an optional folder file).
+    const REPO: &str = "ruri-test/no-st-config";
+    let commit = "0123456789abcdef0123456789abcdef01234567".to_owned();
+    let mut files = hub_mock::read_tree(&tiny_model_dir());
+    assert!(files.remove("config_sentence_transformers.json").is_some());
+    let mock = MockHub::start(vec![hub_mock::MockRepo {
+        id: REPO.to_owned(),
+        commits: vec![hub_mock::MockCommit {
+            sha: commit.clone(),
+            files,
+        }],
+        refs: [("main".to_owned(), commit.clone())].into(),
+        access: hub_mock::Access::Public,
+    }]);
+    let cache = TempDir::new().unwrap();
+    let markers = storage(cache.path(), REPO).join(".no_exist").join(&commit);
+    ort_onnx(Precision::Int8)
+        .build_from_hub(HubRepo::new(REPO).hub(hub(&mock, cache.path())))
+        .unwrap();
+    let marker = markers.join("config_sentence_transformers.json");
+    assert_eq!(std::fs::metadata(&marker).map(|m| m.len()).ok(), Some(0));
+    assert!(!markers.join("config.json").exists());
+    assert!(!markers.join("model.safetensors").exists());
+
+    // Offline, model.safetensors was never downloaded: not cached...
+    let offline = || HubRepo::new(REPO).hub(hub(&mock, cache.path()).offline(true));
+    match ruri::candle::builder().build_from_hub(offline()) {
+        Err(Error::NotCached { .. }) => {}
+        other => panic!("expected NotCached, got {:?}", other.err()),
+    }
+    // ... unless a marker (as Python writes after a 404) says the Hub has none.
+    std::fs::write(markers.join("model.safetensors"), b"").unwrap();
+    match ruri::candle::builder().build_from_hub(offline()) {
+        Err(Error::RemoteFileNotFound { wanted, .. }) => assert_eq!(wanted, "model.safetensors"),
+        other => panic!("expected RemoteFileNotFound, got {:?}", other.err()),
+    }
+}
+
 #[test]
 fn hub_errors_are_typed() {
     let (mock, cache) = start();

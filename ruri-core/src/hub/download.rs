@@ -11,7 +11,7 @@ use hf_hub::{Cache, Repo, RepoType};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use super::cache::{link, write_ref};
+use super::cache::{link, mark_absent, write_ref};
 use super::{Hub, RemoteFiles, is_commit};
 use crate::{Error, Result};
 
@@ -213,6 +213,12 @@ impl<'a> Session<'a> {
                 continue;
             }
             self.fetch_file(&files.commit, path, &pointer, gated.is_gated())?;
+        }
+        // The folder files this commit lacks, for offline runs (ruri's and Python's).
+        for (path, _) in super::FOLDER_FILES {
+            if !files.contains(path) {
+                mark_absent(&storage, &files.commit, path);
+            }
         }
         if self.revision != files.commit {
             write_ref(&storage, self.revision, &files.commit)?;

@@ -45,7 +45,10 @@
 //! to a commit and lists its files; only the files missing from that commit's snapshot are
 //! fetched. When the Hub cannot be reached (a network failure, not an HTTP error), or with
 //! `HF_HUB_OFFLINE=1`, the cache answers: `refs/<revision>` (or the commit itself) names the
-//! snapshot, and the files the backend needs must be in it, else [`Error::NotCached`].
+//! snapshot, and the files the backend needs must be in it, else [`Error::NotCached`] — or
+//! [`Error::RemoteFileNotFound`] when a `.no_exist/<commit>/<path>` marker records that the
+//! Hub has no such file. Online, such a marker is written (as `huggingface_hub` does after a
+//! 404) for each folder file (`config_sentence_transformers.json`, …) the listing lacks.
 //!
 //! # Errors
 //!
