@@ -2,7 +2,7 @@
 //! ones: each problem is a typed error naming the file, never a panic.
 
 use ruri_core::{Error, TextEmbedder};
-use ruri_ort::{FusedBackend, Graph, OrtBackend, Precision};
+use ruri_ort::{FusedBackend, Graph, Int8Activations, OrtBackend, Precision};
 use ruri_testkit::{Agreement, Reference, copy_model, tiny_model_dir};
 
 /// The tiny model without any ONNX file: the cl-nagoya layout.
@@ -236,5 +236,91 @@ fn a_table_whose_length_wraps_to_the_right_size_is_refused() {
             reason.contains(EMBEDDINGS) && reason.contains("does not fit"),
             "{precision:?}: {reason}"
         );
+    }
+}
+
+/// A text alone, and the same text beside a long one (a mixed batch): max |Δ| between the two.
+fn alone_vs_in_a_batch(embedder: &TextEmbedder) -> f64 {
+    let text = "瑠璃は青い宝石です。";
+    let long = "今日は晴れです。".repeat(40);
+    let alone = embedder.embed(&[text], ruri_core::Task::None).unwrap();
+    let batched = embedder
+        .embed(&[text, long.as_str()], ruri_core::Task::None)
+        .unwrap();
+    let mut agreement = Agreement::new();
+    agreement.add(batched.get(0).unwrap(), alone.get(0).unwrap());
+    agreement.max_abs_diff
+}
+
+/// `Int8Activations::PerTensor` reaches the graph: its vectors are int8 vectors of the model
+/// (within the quantization error of sentence-transformers' fp32 ones), and, unlike the
+/// default per-row scales, depend on the batch (one scale over the whole batch tensor).
+#[test]
+fn per_tensor_activations_are_the_models_int8_and_batch_dependent() {
+    let build = |activations| {
+        ruri_ort::builder()
+            .graph(Graph::Fused)
+            .precision(Precision::Int8)
+            .int8_activations(activations)
+            .build_from_dir(tiny_model_dir())
+            .unwrap()
+    };
+    let per_tensor = build(Int8Activations::PerTensor);
+    let reference = Reference::tiny();
+    let mut agreement = Agreement::new();
+    for item in &reference.items {
+        let v = per_tensor
+            .embed(&[&item.text], ruri_core::Task::Prompt(item.prompt.clone()))
+            .unwrap();
+        agreement.add(v.get(0).unwrap(), &item.st_fp32.normalized);
+    }
+    // The int8 bound of tests/parity.rs (INT8_VS_ST: per-tensor ONNX-file int8 measured
+    // 0.99834).
+    assert!(agreement.min_cosine >= 0.995, "{agreement:?}");
+    // Per row: float summation order only; per tensor: the long text's scale moves the
+    // short one (the ONNX file's per-tensor int8 moved by up to 2e-2 in tests/parity.rs).
+    let per_row = alone_vs_in_a_batch(&build(Int8Activations::PerRow));
+    let per_tensor = alone_vs_in_a_batch(&per_tensor);
+    assert!(per_row <= 1e-6, "per row: max |Δ| {per_row}");
+    assert!(per_tensor > 1e-4, "per tensor: max |Δ| {per_tensor}");
+}
+
+/// `intra_op_spinning` is accepted either way, on both graphs, and changes no vector (it
+/// only decides whether ONNX Runtime's idle threads spin).
+#[test]
+fn intra_op_spinning_changes_no_vector() {
+    let reference = Reference::tiny();
+    let item = reference.item("plain_sentence");
+    assert_eq!(item.prompt, "", "a text without a prompt");
+    for graph in [Graph::Fused, Graph::OnnxFile] {
+        let vectors: Vec<Vec<f32>> = [None, Some(true), Some(false)]
+            .into_iter()
+            .map(|spin| {
+                let mut builder = ruri_ort::builder()
+                    .graph(graph)
+                    .precision(Precision::Fp32)
+                    .intra_threads(2);
+                if let Some(spin) = spin {
+                    builder = builder.intra_op_spinning(spin);
+                }
+                let embedder = builder.build_from_dir(tiny_model_dir()).unwrap();
+                embedder
+                    .embed(&[&item.text], ruri_core::Task::None)
+                    .unwrap()
+                    .get(0)
+                    .unwrap()
+                    .to_vec()
+            })
+            .collect();
+        for v in &vectors {
+            let mut agreement = Agreement::new();
+            agreement.add(v, &item.st_fp32.normalized);
+            assert!(agreement.max_abs_diff <= 1e-5, "{graph:?}: {agreement:?}");
+        }
+        for v in &vectors[1..] {
+            let mut agreement = Agreement::new();
+            agreement.add(v, &vectors[0]);
+            assert!(agreement.max_abs_diff <= 1e-6, "{graph:?}: {agreement:?}");
+        }
     }
 }
