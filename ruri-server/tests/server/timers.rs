@@ -188,3 +188,40 @@ async fn shutdown_ends_within_its_deadline_with_work_in_flight() {
     gate.set(false);
     server.join_worker().await;
 }
+
+/// The connection cap: with two connections open (idle clients), a third waits in the
+/// backlog, unanswered, until one of them closes; then it is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_over_the_cap_wait_until_one_closes() {
+    let server = spawn_with(
+        Config::default(),
+        Connections {
+            max_connections: 2,
+            ..Connections::default()
+        },
+        load_tiny,
+    )
+    .await;
+    server.wait_ready().await;
+    let addr = server.client.addr;
+    let idle = [
+        TcpStream::connect(addr).await.unwrap(),
+        TcpStream::connect(addr).await.unwrap(),
+    ];
+    // Let the server accept both (it accepts while under the cap).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let waiting = server
+        .client
+        .post_in_background("/embed", json!({"inputs": "三番目"}));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "a connection over the cap was served"
+    );
+    drop(idle);
+    let reply = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("served once a connection closed")
+        .unwrap();
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+}
