@@ -172,7 +172,7 @@ struct Shared {
     /// SHA-256 of the API key, when there is one.
     api_key_digest: Option<[u8; 32]>,
     /// Slots for tokenizing ([`Config::max_tokenizing`]).
-    tokenizing: tokio::sync::Semaphore,
+    tokenizing: Arc<tokio::sync::Semaphore>,
     /// Empty while loading.
     model: OnceLock<Result<Arc<TextEmbedder>, String>>,
     depth: Depth,
@@ -200,7 +200,7 @@ pub fn start(
     let (jobs, receiver) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared {
         api_key_digest: config.api_key.as_deref().map(routes::digest),
-        tokenizing: tokio::sync::Semaphore::new(config.max_tokenizing.max(1)),
+        tokenizing: Arc::new(tokio::sync::Semaphore::new(config.max_tokenizing.max(1))),
         config,
         model: OnceLock::new(),
         depth: Depth::default(),

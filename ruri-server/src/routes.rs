@@ -456,15 +456,17 @@ async fn embed(app: &App, work: Work) -> Result<Embedded, ApiError> {
     }
     let texts = work.texts;
     // A slot before tokenizing: at most `max_tokenizing` requests do it at once (the rest
-    // wait here, within their request timeout), whatever the number of connections.
-    let _slot = shared
-        .tokenizing
-        .acquire()
+    // wait here, within their request timeout), whatever the number of connections. The
+    // slot moves into the work, so a request that times out while the blocking pool
+    // tokenizes it still holds its slot until that work ends.
+    let slot = Arc::clone(&shared.tokenizing)
+        .acquire_owned()
         .await
         .map_err(|_| ApiError::new(ErrorKind::Backend, "the server is shutting down"))?;
     let small = texts.iter().map(String::len).sum::<usize>() <= INLINE_TEXT_BYTES;
     let tokenizer_engine = Arc::clone(&engine);
     let encodings = run_cpu(small, move || {
+        let _slot = slot;
         let (tokenizer, whitespace) = (tokenizer_engine.tokenizer(), tokenizer_engine.whitespace());
         texts
             .iter()
@@ -483,7 +485,6 @@ async fn embed(app: &App, work: Work) -> Result<Embedded, ApiError> {
             })
     })
     .await?;
-    drop(_slot);
     let tokens: usize = encodings.iter().map(Encoding::len).sum();
 
     if !shared.depth.try_admit(tokens, config.max_queue_tokens) {
