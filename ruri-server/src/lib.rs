@@ -295,8 +295,7 @@ pub async fn serve_with(
     let graceful = GracefulShutdown::new();
     // Dropping the set (at the deadline) aborts the connections still open.
     let mut connections = tokio::task::JoinSet::new();
-    let shutdown = std::pin::pin!(shutdown);
-    let mut shutdown = shutdown;
+    let mut shutdown = std::pin::pin!(shutdown);
     loop {
         while connections.try_join_next().is_some() {}
         let permit = tokio::select! {
@@ -335,12 +334,11 @@ pub async fn serve_with(
         });
     }
     drop(listener);
-    let open = connections.len();
     tokio::select! {
         () = graceful.shutdown() => {}
         () = tokio::time::sleep(limits.shutdown_timeout) => {
             eprintln!(
-                "shutdown deadline ({:?}) passed: closing the connections still open (of {open})",
+                "shutdown deadline ({:?}) passed: closing the connections still open",
                 limits.shutdown_timeout
             );
         }
