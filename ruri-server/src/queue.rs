@@ -106,6 +106,12 @@ pub fn run_worker(
         let mut merged = Vec::new();
         let mut tokens = 0;
         for job in std::iter::once(first).chain(std::iter::from_fn(|| jobs.try_recv().ok())) {
+            // Held for the next call before it is claimed: a held job stays its handler's to
+            // give up on until a call takes it.
+            if !merged.is_empty() && tokens + job.tokens > max_merge_tokens {
+                held = Some(job);
+                break;
+            }
             if job.claim.swap(true, Ordering::AcqRel) {
                 // Its handler gave up and released its tokens already.
                 continue;
@@ -115,10 +121,6 @@ pub fn run_worker(
                 depth.release(job.tokens);
                 metrics.abandoned.inc();
                 continue;
-            }
-            if !merged.is_empty() && tokens + job.tokens > max_merge_tokens {
-                held = Some(job);
-                break;
             }
             tokens += job.tokens;
             merged.push(job);
