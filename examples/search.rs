@@ -111,7 +111,8 @@ fn run(args: Args) -> Result<(), String> {
     let vectors = embedder.embed_queries(&queries).map_err(|e| describe(&e))?;
     for (query, vector) in queries.iter().zip(vectors.iter()) {
         println!("\n{query}");
-        for (rank, (i, score)) in top_k(vector, &index, args.top_k).into_iter().enumerate() {
+        let hits = top_k(vector, &index, args.top_k).map_err(|e| describe(&e))?;
+        for (rank, (i, score)) in hits.into_iter().enumerate() {
             println!("  {}. {score:.4}  {}", rank + 1, docs[i]);
         }
     }

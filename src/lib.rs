@@ -11,7 +11,7 @@
 //! let documents: Vec<String> = vec!["瑠璃は青い宝石です。".into(), "今日は晴れです。".into()];
 //! let docs = embedder.embed_documents(&documents)?;
 //! let query = embedder.embed_query("瑠璃色はどんな色？")?;
-//! let best = ruri::top_k(&query, &docs, 1);
+//! let best = ruri::top_k(&query, &docs, 1)?;
 //! assert_eq!(best.len(), 1);
 //! # Ok(()) }
 //! # #[cfg(not(feature = "ort"))]

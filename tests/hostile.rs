@@ -1,4 +1,6 @@
-//! Hostile inputs on every backend (ort fp32, ort int8, candle f32, native fp32 and int8):
+//! Hostile inputs on every graph and backend a user can get by default or by one option
+//! (ort's ONNX files fp32 and int8, ort's fused graph fp32 and int8 — the default —, candle
+//! f32, native fp32 and int8):
 //! each test is a row of docs/hostile-inputs.md. A text gets a typed error or a correct
 //! vector, never a panic, never a dropped or reordered item. "Correct" means equal to
 //! Python: the expected token ids and vectors come from testdata/reference/tiny.json and
@@ -40,6 +42,15 @@ fn backends() -> &'static [Backend] {
                     .unwrap(),
             )
         };
+        let fused = |precision| -> Box<dyn Embedder> {
+            Box::new(
+                ruri::ort::builder()
+                    .graph(ruri::ort::Graph::Fused)
+                    .precision(precision)
+                    .build_from_dir(tiny_model_dir())
+                    .unwrap(),
+            )
+        };
         let native = |precision| -> Box<dyn Embedder> {
             Box::new(
                 ruri::native::builder()
@@ -67,6 +78,23 @@ fn backends() -> &'static [Backend] {
                 } else {
                     5e-2
                 },
+                in_batch_min_cosine: 0.995,
+            },
+            Backend {
+                name: "ort fused fp32",
+                embedder: fused(Precision::Fp32),
+                reference: |i| &i.st_fp32,
+                alone_max_abs_diff: 1e-5,
+                in_batch_min_cosine: 0.99999,
+            },
+            Backend {
+                name: "ort fused int8",
+                embedder: fused(Precision::Int8),
+                // The quantization error against fp32 (tests/parity.rs, FUSED_INT8_VS_ST:
+                // max |Δ| 2.5e-2, min cosine 0.99792 measured); per-row activation scales, so
+                // a batch changes the vector by float summation order only.
+                reference: |i| &i.st_fp32,
+                alone_max_abs_diff: 5e-2,
                 in_batch_min_cosine: 0.995,
             },
             Backend {

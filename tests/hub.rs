@@ -433,6 +433,160 @@ fn corrupt_short_or_unranged_answers_never_enter_the_cache() {
     assert_eq!(std::fs::read(blobs.join(&sha)).unwrap(), bytes);
 }
 
+/// A body that stalls (half sent, then silence for [`hub_mock::STALL`]) counts as a dropped
+/// connection once a read waits past the read timeout: the retry fires and resumes it, long
+/// before the stall would have ended.
+#[test]
+fn a_stalled_body_times_out_and_the_retry_resumes_it() {
+    let (mock, cache) = start();
+    mock.set_fault("model.safetensors", Fault::StallOnce);
+    let started = std::time::Instant::now();
+    let embedder = ruri::candle::builder()
+        .build_from_hub(
+            HubRepo::new(TINY_REPO)
+                .hub(hub(&mock, cache.path()).read_timeout(Duration::from_millis(500))),
+        )
+        .unwrap();
+    let took = started.elapsed();
+    assert!(
+        took < hub_mock::STALL / 2,
+        "took {took:?}: the stall ({:?}) was waited out",
+        hub_mock::STALL
+    );
+    let local = ruri::candle::builder()
+        .build_from_dir(tiny_model_dir())
+        .unwrap();
+    assert_eq!(vectors(&embedder), vectors(&local));
+    let gets = transfers(&mock, "model.safetensors");
+    assert_eq!(gets.len(), 2, "{gets:?}");
+    let half = tiny_bytes("model.safetensors").len() / 2;
+    assert_eq!(gets[1], Some(format!("bytes={half}-")), "{gets:?}");
+}
+
+/// The size cap: a file announced over it is refused before any byte moves, and a body
+/// longer than announced is cut at the announced size and refused; neither enters the cache.
+#[test]
+fn oversized_files_are_refused_before_and_during_the_transfer() {
+    let (mock, cache) = start();
+    let bytes = tiny_bytes("model.safetensors");
+    let sha = sha256_hex(&bytes);
+    let blobs = storage(cache.path(), TINY_REPO).join("blobs");
+    let snap = snapshot(cache.path(), TINY_REPO, &mock.commit(TINY_REPO, "main"));
+
+    let capped = hub(&mock, cache.path()).max_file_bytes(bytes.len() as u64 - 1);
+    match ruri::candle::builder().build_from_hub(HubRepo::new(TINY_REPO).hub(capped)) {
+        Err(Error::Download { reason, .. }) => {
+            assert!(
+                reason.contains(&format!("announces {} bytes", bytes.len()))
+                    && reason.contains("max_file_bytes"),
+                "{reason}"
+            );
+        }
+        other => panic!("{:?}", other.err()),
+    }
+    assert!(transfers(&mock, "model.safetensors").is_empty());
+    assert!(!blobs.join(format!("{sha}.incomplete")).exists());
+    assert!(!snap.join("model.safetensors").exists());
+    // At exactly its size the same file passes the cap.
+    let exact = hub(&mock, cache.path()).max_file_bytes(bytes.len() as u64);
+    ruri::candle::builder()
+        .build_from_hub(HubRepo::new(TINY_REPO).hub(exact))
+        .unwrap();
+    assert_eq!(std::fs::read(blobs.join(&sha)).unwrap(), bytes);
+
+    // A CDN that sends twice the announced bytes.
+    let (mock, cache) = start();
+    let blobs = storage(cache.path(), TINY_REPO).join("blobs");
+    let snap = snapshot(cache.path(), TINY_REPO, &mock.commit(TINY_REPO, "main"));
+    mock.set_fault("model.safetensors", Fault::Oversize);
+    match ruri::candle::builder()
+        .build_from_hub(HubRepo::new(TINY_REPO).hub(hub(&mock, cache.path())))
+    {
+        Err(Error::Download { reason, .. }) => {
+            assert!(
+                reason.contains(&format!("more than the {} bytes announced", bytes.len())),
+                "{reason}"
+            );
+        }
+        other => panic!("{:?}", other.err()),
+    }
+    assert!(!blobs.join(&sha).exists());
+    let partial = std::fs::metadata(blobs.join(format!("{sha}.incomplete"))).map_or(0, |m| m.len());
+    assert_eq!(partial, 0, "the oversized body was kept");
+    assert!(!snap.join("model.safetensors").exists());
+}
+
+/// The token goes to the Hub's origin and never to the CDN's (another origin, reached by the
+/// resolve route's redirect), for LFS files fetched by ruri's own transfer and by hf-hub's
+/// probes alike.
+#[test]
+fn the_token_never_reaches_the_cdn() {
+    let (mock, cache) = start();
+    let hub = hub(&mock, cache.path()).token(GOOD_TOKEN);
+    ort_onnx(Precision::Int8)
+        .build_from_hub(HubRepo::new(TINY_REPO).hub(hub))
+        .unwrap();
+    let requests = mock.requests();
+    let (cdn, origin): (Vec<_>, Vec<_>) =
+        requests.iter().partition(|r| r.path.starts_with("/cdn/"));
+    assert!(!cdn.is_empty(), "no request reached the CDN: {requests:?}");
+    for request in &cdn {
+        assert_eq!(request.authorization, None, "{request:?}");
+    }
+    // The Hub itself did get the token (else this test would pass with no token at all).
+    let bearer = format!("Bearer {GOOD_TOKEN}");
+    assert!(
+        origin
+            .iter()
+            .filter(|r| r.path.contains("/resolve/"))
+            .all(|r| r.authorization.as_deref() == Some(bearer.as_str())),
+        "{origin:?}"
+    );
+}
+
+/// `.no_exist/<commit>/<path>`, huggingface_hub's record of a file the Hub does not have:
+/// written for the folder files a listing lacks, and read offline, where a file it names is
+/// the Hub's `RemoteFileNotFound`, not a gap in the cache (`NotCached`).
+#[test]
+fn no_exist_markers_are_written_and_honoured() {
+    // The tiny model without config_sentence_transformers.json (an optional folder file).
+    const REPO: &str = "ruri-test/no-st-config";
+    let commit = "0123456789abcdef0123456789abcdef01234567".to_owned();
+    let mut files = hub_mock::read_tree(&tiny_model_dir());
+    assert!(files.remove("config_sentence_transformers.json").is_some());
+    let mock = MockHub::start(vec![hub_mock::MockRepo {
+        id: REPO.to_owned(),
+        commits: vec![hub_mock::MockCommit {
+            sha: commit.clone(),
+            files,
+        }],
+        refs: [("main".to_owned(), commit.clone())].into(),
+        access: hub_mock::Access::Public,
+    }]);
+    let cache = TempDir::new().unwrap();
+    let markers = storage(cache.path(), REPO).join(".no_exist").join(&commit);
+    ort_onnx(Precision::Int8)
+        .build_from_hub(HubRepo::new(REPO).hub(hub(&mock, cache.path())))
+        .unwrap();
+    let marker = markers.join("config_sentence_transformers.json");
+    assert_eq!(std::fs::metadata(&marker).map(|m| m.len()).ok(), Some(0));
+    assert!(!markers.join("config.json").exists());
+    assert!(!markers.join("model.safetensors").exists());
+
+    // Offline, model.safetensors was never downloaded: not cached...
+    let offline = || HubRepo::new(REPO).hub(hub(&mock, cache.path()).offline(true));
+    match ruri::candle::builder().build_from_hub(offline()) {
+        Err(Error::NotCached { .. }) => {}
+        other => panic!("expected NotCached, got {:?}", other.err()),
+    }
+    // ... unless a marker (as Python writes after a 404) says the Hub has none.
+    std::fs::write(markers.join("model.safetensors"), b"").unwrap();
+    match ruri::candle::builder().build_from_hub(offline()) {
+        Err(Error::RemoteFileNotFound { wanted, .. }) => assert_eq!(wanted, "model.safetensors"),
+        other => panic!("expected RemoteFileNotFound, got {:?}", other.err()),
+    }
+}
+
 #[test]
 fn hub_errors_are_typed() {
     let (mock, cache) = start();
@@ -684,11 +838,33 @@ fn python() -> Option<PathBuf> {
     if venv.is_file() {
         return Some(venv);
     }
-    eprintln!(
-        "SKIPPED: Python's huggingface_hub check: set RURI_TEST_PYTHON to a Python with \
-         huggingface_hub (or create .venv-testdata)"
+    let how = "set RURI_TEST_PYTHON to a Python with huggingface_hub (or create .venv-testdata)";
+    // In CI the check must run: a missing Python fails it instead of passing it silently.
+    assert!(
+        !in_ci(std::env::var("CI").ok().as_deref()),
+        "CI is set but no Python for the huggingface_hub check: {how}"
     );
+    eprintln!("SKIPPED: Python's huggingface_hub check: {how}");
     None
+}
+
+/// Whether `CI` (the variable CI services set) says this is a CI run: set, and not "0" or
+/// "false".
+fn in_ci(ci: Option<&str>) -> bool {
+    ci.is_some_and(|v| {
+        let v = v.trim();
+        !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("false")
+    })
+}
+
+#[test]
+fn ci_is_read_as_ci_services_set_it() {
+    for on in ["true", "1", "yes"] {
+        assert!(in_ci(Some(on)), "{on}");
+    }
+    for off in [None, Some(""), Some("0"), Some("false"), Some("FALSE")] {
+        assert!(!in_ci(off), "{off:?}");
+    }
 }
 
 fn run_python(python: &Path, script: &str, envs: &[(&str, &str)]) -> String {

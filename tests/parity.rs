@@ -53,16 +53,18 @@ const INT8_VS_ORT_PY: Tolerance = Tolerance {
 };
 
 /// The same on a CPU whose int8 kernels differ from the reference machine's (AVX2's
-/// `vpmaddubsw` saturates 16-bit sums, VNNI does not): the references' AVX-512 VNNI
-/// predecessors differed from this machine's AVX2 results by max |Δ| 4e-3 on the model
-/// without the outlier. Not measured with the outlier model on another CPU (none at hand);
-/// bounded by what the quantization error itself allows (INT8_VS_ST).
+/// `vpmaddubsw` saturates 16-bit sums, VNNI does not). Measured on this project's AVX-512
+/// VNNI machine (AMD EPYC, 2026-12-01) against the AVX2 references (the outlier model, 30
+/// inputs, alone and with batches of one; deterministic, the same in every run): min cosine
+/// 0.999914, w/o the outlier 0.999781, max |Δ| 1.13e-2 normalized and 2.54e-2 raw (the raw
+/// vectors are ≈ 2.2 long). Asserted with a small margin over those figures; the one bound
+/// serves raw and normalized vectors alike, so |Δ| is the raw one's.
 const INT8_VS_ORT_PY_OTHER_KERNELS: Tolerance = Tolerance {
     against: "onnxruntime-Python int8 (other int8 kernels)",
     expected: |i| &i.ort_int8,
-    min_cosine: 0.995,
-    max_abs_diff: None,
-    min_cosine_without_outlier: Some(0.99),
+    min_cosine: 0.9998,
+    max_abs_diff: Some(3e-2),
+    min_cosine_without_outlier: Some(0.9995),
     on_other_int8_kernels: None,
 };
 
@@ -601,10 +603,17 @@ fn fused_int8_is_batch_independent() {
             "fused int8, batched (budget {budget}) vs alone: min cosine {:.9}, max |Δ| {:.3e}",
             agreement.min_cosine, agreement.max_abs_diff
         );
+        // As the README's table: cosine 1 − 1e-9 and max |Δ| 2.4e-7 measured (float
+        // summation order only); 1e-6 is the fp32 batch-vs-alone bound of the other tests.
         assert!(
-            agreement.min_cosine >= 0.9999,
+            agreement.min_cosine >= 1.0 - 1e-9,
             "budget {budget}: min cosine {}",
             agreement.min_cosine
+        );
+        assert!(
+            agreement.max_abs_diff <= 1e-6,
+            "budget {budget}: max |Δ| {}",
+            agreement.max_abs_diff
         );
     }
 }

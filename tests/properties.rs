@@ -4,8 +4,9 @@
 //!
 //! * no panic, and every call with the default policy succeeds;
 //! * one unit-length, finite vector per text, in input order: each equal to the same text
-//!   embedded alone within 1e-6 (fp32; ort int8 with batches of one, which makes it
-//!   batch-independent, see README; the native engine's int8 in any batch);
+//!   embedded alone within 1e-6 (fp32; ort's ONNX-file int8 with batches of one, which makes
+//!   it batch-independent, see README; the fused graph's int8 and the native engine's int8
+//!   in any batch: per-row activation scales);
 //! * token counts and truncation flags as the tokenizer gives them;
 //! * under `Truncation::Error`, refused exactly when a text is too long, naming the first.
 //!
@@ -41,6 +42,15 @@ fn ort(precision: Precision, batching: BatchOptions) -> TextEmbedder {
         .graph(ruri::ort::Graph::OnnxFile)
         .precision(precision)
         .batching(batching)
+        .build_from_dir(tiny_model_dir())
+        .unwrap()
+}
+
+/// ort's fused graph (the default graph) from `model.safetensors`, default batches.
+fn fused(precision: Precision) -> TextEmbedder {
+    ruri::ort::builder()
+        .graph(ruri::ort::Graph::Fused)
+        .precision(precision)
         .build_from_dir(tiny_model_dir())
         .unwrap()
 }
@@ -121,6 +131,22 @@ proptest! {
         static EMBEDDER: OnceLock<TextEmbedder> = OnceLock::new();
         let embedder = EMBEDDER
             .get_or_init(|| ort(Precision::Int8, BatchOptions::default().max_batch_size(1)));
+        check(embedder, &texts, task)?;
+    }
+
+    #[test]
+    fn ort_fused_fp32(texts in texts(), task in task()) {
+        static EMBEDDER: OnceLock<TextEmbedder> = OnceLock::new();
+        let embedder = EMBEDDER.get_or_init(|| fused(Precision::Fp32));
+        check(embedder, &texts, task)?;
+    }
+
+    /// The fused graph's int8 (the default) in its default batches: per-row activation
+    /// scales, so a batch changes a vector by float summation order only.
+    #[test]
+    fn ort_fused_int8(texts in texts(), task in task()) {
+        static EMBEDDER: OnceLock<TextEmbedder> = OnceLock::new();
+        let embedder = EMBEDDER.get_or_init(|| fused(Precision::Int8));
         check(embedder, &texts, task)?;
     }
 

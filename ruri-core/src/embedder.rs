@@ -240,7 +240,7 @@ impl Embeddings {
 /// fn best_document(embedder: &dyn Embedder, query: &str, docs: &[&str]) -> ruri_core::Result<usize> {
 ///     let q = embedder.embed_query(query)?;
 ///     let d = embedder.embed_documents(docs)?;
-///     let scores: Vec<f32> = d.iter().map(|v| cosine(&q, v)).collect();
+///     let scores = d.iter().map(|v| cosine(&q, v)).collect::<ruri_core::Result<Vec<f32>>>()?;
 ///     Ok(scores
 ///         .iter()
 ///         .enumerate()

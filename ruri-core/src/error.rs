@@ -115,6 +115,16 @@ pub enum Error {
         #[source]
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
+    /// Two vectors compared by [`dot`](crate::dot), [`cosine`](crate::cosine) or
+    /// [`top_k`](crate::top_k) have different lengths (vectors of two models, or of one model
+    /// and something else): there is no score to give.
+    #[error("cannot compare vectors of different lengths: {left} and {right}")]
+    DimensionMismatch {
+        /// The first vector's length (the query's, for `top_k`).
+        left: usize,
+        /// The second vector's length (the corpus's dimension, for `top_k`).
+        right: usize,
+    },
     /// The backend's model returned something of the wrong shape or kind.
     #[error("unexpected model output: {reason}")]
     ModelOutput {

@@ -25,7 +25,7 @@
 //! fn best_document(embedder: &dyn Embedder, query: &str, docs: &[&str]) -> ruri_core::Result<usize> {
 //!     let docs = embedder.embed_documents(docs)?;
 //!     let query = embedder.embed_query(query)?;
-//!     Ok(top_k(&query, &docs, 1)[0].0)
+//!     Ok(top_k(&query, &docs, 1)?[0].0)
 //! }
 //!
 //! /// A stand-in: a text's vector says whether it mentions 青.

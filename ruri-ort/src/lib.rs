@@ -109,3 +109,9 @@ pub use builder::{
 pub use fused::FusedBackend;
 pub use onnx_file::OrtBackend;
 pub use runtime::{ONNXRUNTIME_VERSION, default_install_dir, loaded_runtime_path};
+
+/// Entry points for the fuzz targets in `fuzz/` (not part of the API: no stability promise).
+#[doc(hidden)]
+pub mod __fuzz {
+    pub use crate::fused::read_checkpoint;
+}

@@ -2,7 +2,7 @@
 //! ones: each problem is a typed error naming the file, never a panic.
 
 use ruri_core::{Error, TextEmbedder};
-use ruri_ort::{FusedBackend, Graph, OrtBackend, Precision};
+use ruri_ort::{FusedBackend, Graph, Int8Activations, OrtBackend, Precision};
 use ruri_testkit::{Agreement, Reference, copy_model, tiny_model_dir};
 
 /// The tiny model without any ONNX file: the cl-nagoya layout.
@@ -145,4 +145,182 @@ fn broken_checkpoints_are_typed_errors() {
     .unwrap();
     let e = fused(dir.path(), Precision::Fp32).unwrap_err();
     assert!(invalid_config(&e).contains("mlp.Wi.weight"), "{e:?}");
+}
+
+/// The tiny model's checkpoint with its header rewritten by `edit` (offsets stay relative to
+/// the data, so the data is kept as is).
+fn with_header(edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+    let good = std::fs::read(tiny_model_dir().join("model.safetensors")).unwrap();
+    let len = u64::from_le_bytes(good[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&good[8..8 + len]).unwrap();
+    edit(&mut header);
+    let header = serde_json::to_vec(&header).unwrap();
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&header);
+    out.extend_from_slice(&good[8 + len..]);
+    out
+}
+
+const EMBEDDINGS: &str = "embeddings.tok_embeddings.weight";
+
+/// Crafted headers, each on both precisions: a typed error naming the tensor, never a panic
+/// (tests run in a debug build, where each of these overflowed before the parser's
+/// arithmetic was checked).
+#[test]
+fn crafted_headers_are_typed_errors() {
+    let cases: [(&str, serde_json::Value, serde_json::Value); 5] = [
+        (
+            "offsets that wrap",
+            // The right length, but `data_start + end` wraps past u64::MAX.
+            serde_json::json!([8000, 64]),
+            serde_json::json!([u64::MAX - 2_047_999, u64::MAX]),
+        ),
+        (
+            "a range that runs backwards",
+            serde_json::json!([8000, 64]),
+            serde_json::json!([2_048_000, 0]),
+        ),
+        (
+            "a start past the end of the file",
+            serde_json::json!([8000, 64]),
+            serde_json::json!([1u64 << 40, (1u64 << 40) + 2_048_000]),
+        ),
+        (
+            "a shape whose product overflows",
+            serde_json::json!([1u64 << 32, 1u64 << 32, 2]),
+            serde_json::json!([0, 0]),
+        ),
+        (
+            "a product that wraps to the data's length",
+            // (2^62 + 2) · 4 bytes ≡ 8 (mod 2^64).
+            serde_json::json!([(1u64 << 62) + 2]),
+            serde_json::json!([0, 8]),
+        ),
+    ];
+    for (case, shape, offsets) in cases {
+        let bytes = with_header(|h| {
+            h[EMBEDDINGS]["shape"] = shape.clone();
+            h[EMBEDDINGS]["data_offsets"] = offsets.clone();
+        });
+        for precision in [Precision::Fp32, Precision::Int8] {
+            let e = fused(with_weights(&bytes).path(), precision).unwrap_err();
+            let reason = invalid_config(&e);
+            assert!(
+                reason.contains(EMBEDDINGS) && reason.contains("does not fit"),
+                "{case}, {precision:?}: {reason}"
+            );
+        }
+    }
+}
+
+/// A `config.json` whose vocabulary makes the embedding table's byte length wrap to exactly
+/// its real length: (2^56 + 8000) · 64 · 4 ≡ 8000 · 64 · 4 (mod 2^64). Unchecked, the shape
+/// matched config.json, the size check passed, and the int8 table asked for 2^62 bytes.
+#[test]
+fn a_table_whose_length_wraps_to_the_right_size_is_refused() {
+    let vocab = (1u64 << 56) + 8000;
+    let bytes = with_header(|h| h[EMBEDDINGS]["shape"] = serde_json::json!([vocab, 64]));
+    for precision in [Precision::Fp32, Precision::Int8] {
+        let dir = with_weights(&bytes);
+        let config = dir.path().join("config.json");
+        let text = std::fs::read_to_string(&config).unwrap();
+        assert!(text.contains("\"vocab_size\": 8000"));
+        std::fs::write(
+            &config,
+            text.replace("\"vocab_size\": 8000", &format!("\"vocab_size\": {vocab}")),
+        )
+        .unwrap();
+        let e = fused(dir.path(), precision).unwrap_err();
+        let reason = invalid_config(&e);
+        assert!(
+            reason.contains(EMBEDDINGS) && reason.contains("does not fit"),
+            "{precision:?}: {reason}"
+        );
+    }
+}
+
+/// A text alone, and the same text beside a long one (a mixed batch): max |Δ| between the two.
+fn alone_vs_in_a_batch(embedder: &TextEmbedder) -> f64 {
+    let text = "瑠璃は青い宝石です。";
+    let long = "今日は晴れです。".repeat(40);
+    let alone = embedder.embed(&[text], ruri_core::Task::None).unwrap();
+    let batched = embedder
+        .embed(&[text, long.as_str()], ruri_core::Task::None)
+        .unwrap();
+    let mut agreement = Agreement::new();
+    agreement.add(batched.get(0).unwrap(), alone.get(0).unwrap());
+    agreement.max_abs_diff
+}
+
+/// `Int8Activations::PerTensor` reaches the graph: its vectors are int8 vectors of the model
+/// (within the quantization error of sentence-transformers' fp32 ones), and, unlike the
+/// default per-row scales, depend on the batch (one scale over the whole batch tensor).
+#[test]
+fn per_tensor_activations_are_the_models_int8_and_batch_dependent() {
+    let build = |activations| {
+        ruri_ort::builder()
+            .graph(Graph::Fused)
+            .precision(Precision::Int8)
+            .int8_activations(activations)
+            .build_from_dir(tiny_model_dir())
+            .unwrap()
+    };
+    let per_tensor = build(Int8Activations::PerTensor);
+    let reference = Reference::tiny();
+    let mut agreement = Agreement::new();
+    for item in &reference.items {
+        let v = per_tensor
+            .embed(&[&item.text], ruri_core::Task::Prompt(item.prompt.clone()))
+            .unwrap();
+        agreement.add(v.get(0).unwrap(), &item.st_fp32.normalized);
+    }
+    // The int8 bound of tests/parity.rs (INT8_VS_ST: per-tensor ONNX-file int8 measured
+    // 0.99834).
+    assert!(agreement.min_cosine >= 0.995, "{agreement:?}");
+    // Per row: float summation order only; per tensor: the long text's scale moves the
+    // short one (the ONNX file's per-tensor int8 moved by up to 2e-2 in tests/parity.rs).
+    let per_row = alone_vs_in_a_batch(&build(Int8Activations::PerRow));
+    let per_tensor = alone_vs_in_a_batch(&per_tensor);
+    assert!(per_row <= 1e-6, "per row: max |Δ| {per_row}");
+    assert!(per_tensor > 1e-4, "per tensor: max |Δ| {per_tensor}");
+}
+
+/// `intra_op_spinning` is accepted either way, on both graphs, and changes no vector (it
+/// only decides whether ONNX Runtime's idle threads spin).
+#[test]
+fn intra_op_spinning_changes_no_vector() {
+    let reference = Reference::tiny();
+    let item = reference.item("plain_sentence");
+    assert_eq!(item.prompt, "", "a text without a prompt");
+    for graph in [Graph::Fused, Graph::OnnxFile] {
+        let vectors: Vec<Vec<f32>> = [None, Some(true), Some(false)]
+            .into_iter()
+            .map(|spin| {
+                let mut builder = ruri_ort::builder()
+                    .graph(graph)
+                    .precision(Precision::Fp32)
+                    .intra_threads(2);
+                if let Some(spin) = spin {
+                    builder = builder.intra_op_spinning(spin);
+                }
+                let embedder = builder.build_from_dir(tiny_model_dir()).unwrap();
+                embedder
+                    .embed(&[&item.text], ruri_core::Task::None)
+                    .unwrap()
+                    .get(0)
+                    .unwrap()
+                    .to_vec()
+            })
+            .collect();
+        for v in &vectors {
+            let mut agreement = Agreement::new();
+            agreement.add(v, &item.st_fp32.normalized);
+            assert!(agreement.max_abs_diff <= 1e-5, "{graph:?}: {agreement:?}");
+        }
+        for v in &vectors[1..] {
+            let mut agreement = Agreement::new();
+            agreement.add(v, &vectors[0]);
+            assert!(agreement.max_abs_diff <= 1e-6, "{graph:?}: {agreement:?}");
+        }
+    }
 }

@@ -10,7 +10,9 @@
 //!
 //! **Under load** (`--load N`): N keep-alive connections, each sending the query again as soon
 //! as it has its answer, for `--seconds`; answers per second, errors, p50/p99 latency and the
-//! server's peak resident memory (VmHWM), per round.
+//! server's peak resident memory (VmHWM), per round. `--slow M` adds M slowloris clients
+//! beside them: each sends a request's headers one byte a second, and reconnects when the
+//! server cuts it (at its header-read timeout); the cuts are counted.
 //!
 //! ```sh
 //! cargo bench -p ruri-server --bench serve                        # tiny model, 5 rounds
@@ -25,7 +27,7 @@
 //! side), `--rounds N` (5), `--requests N` (500 timed per round and side, after `--warmup N`,
 //! 50), `--block N` (50), `--text TEXT`, `--prompt-name NAME` (`query`), `--server-bin PATH`
 //! (repeatable: other server builds measured in the same rounds, e.g. an older one; default:
-//! this build's `ruri-server`), `--load N` and `--seconds S` (20).
+//! this build's `ruri-server`), `--load N`, `--slow M` (0) and `--seconds S` (20).
 //!
 //! Without `--bench` (as `cargo test --all-targets` runs it) it makes one short round on the
 //! tiny model, to show it still works.
@@ -55,6 +57,7 @@ struct Options {
     prompt_name: String,
     servers: Vec<PathBuf>,
     load: Option<usize>,
+    slow: usize,
     seconds: u64,
 }
 
@@ -73,6 +76,7 @@ impl Options {
             prompt_name: "query".into(),
             servers: Vec::new(),
             load: None,
+            slow: 0,
             seconds: 20,
         };
         let mut args = args.iter();
@@ -100,6 +104,7 @@ impl Options {
                     .servers
                     .push(ruri_testkit::repo_root().join(value()?)),
                 "--load" => options.load = Some(number(value()?)?.max(1)),
+                "--slow" => options.slow = number(value()?)?,
                 "--seconds" => options.seconds = number(value()?)?.max(1) as u64,
                 other if other.starts_with("--") => return Err(format!("unknown flag {other}")),
                 // cargo bench passes a filter; there is one benchmark.
@@ -315,7 +320,7 @@ fn drive(options: &Options) -> Result<(), String> {
 fn load(options: &Options, connections: usize) -> Result<(), String> {
     println!(
         "model {} ({}, {} threads), text {:?} with prompt {:?}; {connections} keep-alive \
-         connections for {} s, {} rounds",
+         connections and {} slow clients for {} s, {} rounds",
         options.model.display(),
         options.precision,
         options
@@ -323,6 +328,7 @@ fn load(options: &Options, connections: usize) -> Result<(), String> {
             .map_or_else(|| "default".to_owned(), |t| t.to_string()),
         options.text,
         options.prompt_name,
+        options.slow,
         options.seconds,
         options.rounds
     );
@@ -343,12 +349,19 @@ fn load(options: &Options, connections: usize) -> Result<(), String> {
                     std::thread::spawn(move || load_client(addr, &body, deadline))
                 })
                 .collect();
+            let slow: Vec<_> = (0..options.slow)
+                .map(|_| std::thread::spawn(move || slow_client(addr, deadline)))
+                .collect();
             let mut samples = Vec::new();
             let mut errors = 0;
             for client in clients {
                 let (latencies, failed) = client.join().map_err(|_| "a client panicked")?;
                 samples.extend(latencies);
                 errors += failed;
+            }
+            let mut cuts = 0;
+            for client in slow {
+                cuts += client.join().map_err(|_| "a slow client panicked")?;
             }
             let elapsed = started.elapsed().as_secs_f64();
             let peak = std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -369,7 +382,8 @@ fn load(options: &Options, connections: usize) -> Result<(), String> {
             });
             println!(
                 "round {}: {}: {answered} answers in {elapsed:.1} s = {:.0} req/s, {errors} errors, \
-                 p50 {:.1} ms, p99 {:.1} ms, peak RSS {peak} MB; {merging}",
+                 p50 {:.1} ms, p99 {:.1} ms, peak RSS {peak} MB; {merging}; slow clients \
+                 cut {cuts} times",
                 round + 1,
                 binary.file_name().map_or_else(
                     || binary.display().to_string(),
@@ -413,6 +427,47 @@ fn load_client(addr: SocketAddr, body: &[u8], deadline: Instant) -> (Vec<Duratio
         }
     }
     (latencies, errors)
+}
+
+/// A slowloris client until `deadline`: a request's headers one byte a second, reconnecting
+/// whenever the server closes the connection; returns how many times it was cut.
+fn slow_client(addr: SocketAddr, deadline: Instant) -> usize {
+    let head = b"POST /v1/embeddings HTTP/1.1\r\nhost: ruri\r\ncontent-type: application/json\r\n";
+    let mut cuts = 0;
+    while Instant::now() < deadline {
+        let Ok(mut stream) = TcpStream::connect(addr) else {
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+        let mut bytes = head.iter().copied().chain(std::iter::repeat(b'a'));
+        let mut buf = [0u8; 512];
+        while Instant::now() < deadline {
+            let byte = [bytes.next().expect("endless")];
+            if stream.write_all(&byte).is_err() {
+                cuts += 1;
+                break;
+            }
+            // The one-second read timeout paces the bytes; 0 bytes read is the server's close.
+            match stream.read(&mut buf) {
+                Ok(0) => {
+                    cuts += 1;
+                    break;
+                }
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => {
+                    cuts += 1;
+                    break;
+                }
+            }
+        }
+    }
+    cuts
 }
 
 /// `median [min–max]` with three decimals.
@@ -621,7 +676,10 @@ impl ServerProcess {
     /// How the model thread merged requests, from `/metrics`: backend calls, requests per
     /// call, time per call.
     fn merging(&mut self) -> Result<String, String> {
-        let (_, text) = self.client.get("/metrics")?;
+        // A connection of its own: the control connection may have sat idle past the
+        // server's header-read timeout, which closes idle keep-alive connections.
+        let addr = self.client.stream.peer_addr().map_err(|e| e.to_string())?;
+        let (_, text) = Client::connect(addr)?.get("/metrics")?;
         let text = String::from_utf8_lossy(&text);
         let value = |name: &str| {
             text.lines()

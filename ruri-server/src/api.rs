@@ -171,6 +171,9 @@ pub enum ErrorKind {
     Tokenizer,
     /// The backend failed (500).
     Backend,
+    /// The request did not finish within the server's request timeout (503, `Retry-After`):
+    /// it waited too long for the model, or its body came too slowly.
+    Timeout,
 }
 
 impl ErrorKind {
@@ -182,7 +185,9 @@ impl ErrorKind {
             ErrorKind::Unauthorized => StatusCode::UNAUTHORIZED,
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::Overloaded => StatusCode::TOO_MANY_REQUESTS,
-            ErrorKind::Loading | ErrorKind::LoadFailed => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Loading | ErrorKind::LoadFailed | ErrorKind::Timeout => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ErrorKind::Backend => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -195,7 +200,7 @@ impl ErrorKind {
             | ErrorKind::TooLarge
             | ErrorKind::NotFound => "validation",
             ErrorKind::Unauthorized => "unauthorized",
-            ErrorKind::Overloaded => "overloaded",
+            ErrorKind::Overloaded | ErrorKind::Timeout => "overloaded",
             ErrorKind::Loading | ErrorKind::LoadFailed => "unhealthy",
             ErrorKind::Tokenizer => "tokenizer",
             ErrorKind::Backend => "backend",
@@ -211,7 +216,10 @@ impl ErrorKind {
             | ErrorKind::Tokenizer => "invalid_request_error",
             ErrorKind::Unauthorized => "authentication_error",
             ErrorKind::Overloaded => "rate_limit_error",
-            ErrorKind::Loading | ErrorKind::LoadFailed | ErrorKind::Backend => "server_error",
+            ErrorKind::Loading
+            | ErrorKind::LoadFailed
+            | ErrorKind::Backend
+            | ErrorKind::Timeout => "server_error",
         }
     }
 
@@ -227,12 +235,17 @@ impl ErrorKind {
             ErrorKind::LoadFailed => "model_failed",
             ErrorKind::Tokenizer => "tokenizer_error",
             ErrorKind::Backend => "backend_error",
+            ErrorKind::Timeout => "timeout",
         }
     }
 
     /// Seconds a client should wait before retrying, for the transient kinds.
     fn retry_after(self) -> Option<u32> {
-        matches!(self, ErrorKind::Overloaded | ErrorKind::Loading).then_some(1)
+        matches!(
+            self,
+            ErrorKind::Overloaded | ErrorKind::Loading | ErrorKind::Timeout
+        )
+        .then_some(1)
     }
 }
 

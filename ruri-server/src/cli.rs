@@ -5,12 +5,13 @@
 //! back on, and serving random-weight vectors by accident would be worse than refusing.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use clap::Parser;
 use ruri::cli::WhitespaceArg;
 use ruri::{BackendKind, EmbedderConfig, Precision};
 
-use crate::{Config, describe};
+use crate::{Config, Connections, describe};
 
 /// The environment variable that holds the API key (never a flag: command lines are visible
 /// to every user of the machine).
@@ -66,6 +67,35 @@ pub struct Args {
     /// Most tokens merged into one backend call.
     #[arg(long, env = "RURI_MAX_MERGE_TOKENS", default_value_t = Config::default().max_merge_tokens)]
     pub max_merge_tokens: usize,
+    /// Seconds an embedding request may take in all (body, tokenizing, queue, answer); past
+    /// it the answer is 503 with error code "timeout" and the request leaves the queue.
+    #[arg(long, env = "RURI_REQUEST_TIMEOUT", default_value = "60", value_parser = seconds)]
+    pub request_timeout: Duration,
+    /// Seconds a client has to send a request's headers; a slower connection is closed
+    /// (slowloris). Also closes keep-alive connections idle that long.
+    #[arg(long, env = "RURI_HEADER_READ_TIMEOUT", default_value = "10", value_parser = seconds)]
+    pub header_read_timeout: Duration,
+    /// Connections open at once; more wait in the listen backlog.
+    #[arg(long, env = "RURI_MAX_CONNECTIONS", default_value_t = Connections::default().max_connections)]
+    pub max_connections: usize,
+    /// Requests tokenizing at once, before queue admission (default: the number of CPUs).
+    #[arg(long, env = "RURI_MAX_TOKENIZING")]
+    pub max_tokenizing: Option<usize>,
+    /// Seconds requests in flight get to finish after SIGTERM or Ctrl-C; then the remaining
+    /// connections are closed.
+    #[arg(long, env = "RURI_SHUTDOWN_TIMEOUT", default_value = "30", value_parser = seconds)]
+    pub shutdown_timeout: Duration,
+}
+
+/// A positive number of seconds (`2`, `0.5`).
+fn seconds(text: &str) -> Result<Duration, String> {
+    let value: f64 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    Duration::try_from_secs_f64(value)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| format!("{text:?}: give a positive number of seconds"))
 }
 
 /// The model flags: the facade's vocabulary ([`ruri::BackendKind`], [`ruri::Precision`]),
@@ -128,6 +158,8 @@ impl Args {
             ("--max-body-bytes", self.max_body_bytes),
             ("--threads", self.threads.unwrap_or(1)),
             ("--sessions", self.sessions.unwrap_or(1)),
+            ("--max-connections", self.max_connections),
+            ("--max-tokenizing", self.max_tokenizing.unwrap_or(1)),
         ] {
             if value == 0 {
                 return Err(format!("{name} must be positive"));
@@ -157,7 +189,20 @@ impl Args {
             max_queue_tokens: self.max_queue_tokens,
             max_merge_tokens: self.max_merge_tokens,
             api_key,
+            request_timeout: self.request_timeout,
+            max_tokenizing: self
+                .max_tokenizing
+                .unwrap_or(Config::default().max_tokenizing),
         })
+    }
+
+    /// The connection limits these flags ask for.
+    pub fn connections(&self) -> Connections {
+        Connections {
+            header_read_timeout: self.header_read_timeout,
+            max_connections: self.max_connections,
+            shutdown_timeout: self.shutdown_timeout,
+        }
     }
 }
 
@@ -178,6 +223,7 @@ fn folder_name(dir: &Path) -> String {
 pub fn run(args: Args) -> Result<(), String> {
     // Refuse impossible flag combinations before listening, not through /ready.
     let config = args.config()?;
+    let connections = args.connections();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -205,7 +251,7 @@ pub fn run(args: Args) -> Result<(), String> {
                 .map_err(|e| describe(&e))
         })
         .map_err(|e| format!("cannot start the model thread: {e}"))?;
-        crate::serve(listener, router, shutdown)
+        crate::serve_with(listener, router, shutdown, connections)
             .await
             .map_err(|e| format!("server error: {e}"))?;
         Ok::<_, String>(worker)
@@ -278,6 +324,45 @@ mod tests {
         assert!(error.contains("--max-inputs must be positive"), "{error}");
         let error = config(&["--sessions", "0"]).unwrap_err();
         assert!(error.contains("--sessions must be positive"), "{error}");
+        let error = config(&["--max-connections", "0"]).unwrap_err();
+        assert!(
+            error.contains("--max-connections must be positive"),
+            "{error}"
+        );
+        let error = config(&["--max-tokenizing", "0"]).unwrap_err();
+        assert!(
+            error.contains("--max-tokenizing must be positive"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn timeouts_are_positive_seconds() {
+        let parse = |flags: &[&str]| {
+            let mut all = vec!["ruri-server", "--model", "m"];
+            all.extend_from_slice(flags);
+            Args::try_parse_from(all)
+        };
+        let args = parse(&[]).unwrap();
+        assert_eq!(args.request_timeout, Duration::from_secs(60));
+        assert_eq!(args.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(args.shutdown_timeout, Duration::from_secs(30));
+        assert_eq!(args.max_connections, 1024);
+        let args = parse(&["--request-timeout", "0.25", "--header-read-timeout", "2"]).unwrap();
+        assert_eq!(args.request_timeout, Duration::from_millis(250));
+        assert_eq!(
+            args.connections().header_read_timeout,
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            args.config().unwrap().request_timeout,
+            Duration::from_millis(250)
+        );
+        for bad in ["0", "-1", "soon", "NaN"] {
+            let flag = format!("--shutdown-timeout={bad}");
+            let error = parse(&[&flag]).unwrap_err().to_string();
+            assert!(error.contains("seconds"), "{bad}: {error}");
+        }
     }
 
     #[test]

@@ -31,6 +31,13 @@
 //!   thread wake-ups, each a context switch on a busy machine). Requests past 1 KiB of text or
 //!   2,048 values in the answer go to the blocking pool, so no worker stalls on them. A request
 //!   alone in its backend call gets the call's buffer itself, not a copy.
+//! * **Timers and limits** ([`Config`], [`Connections`]): a header-read timeout (slowloris),
+//!   a whole-request timeout (503 `timeout`; the request leaves the queue), a cap on open
+//!   connections and on requests tokenizing at once, and a deadline for graceful shutdown.
+//!   The API key is compared as SHA-256 digests in constant time.
+//! * Merged requests share batches: on an ONNX-file int8 model (activation scales per batch)
+//!   a vector then depends on other requests in its call; fp32, the fused graph's int8 and the
+//!   native engine's int8 do not (see the README, "Merged requests").
 //! * The server listens **before** the model is loaded: a platform sees a live container at
 //!   once, and a busy port fails at once.
 //!
@@ -76,10 +83,9 @@ mod routes;
 
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::serve::ListenerExt;
 use ruri::{Error, TextEmbedder, Truncation};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -105,8 +111,18 @@ pub struct Config {
     pub max_queue_tokens: usize,
     /// Tokens merged into one backend call at most (a single larger request runs alone).
     pub max_merge_tokens: usize,
-    /// When set, embedding routes need `Authorization: Bearer <key>`.
+    /// When set, embedding routes need `Authorization: Bearer <key>` (compared in constant
+    /// time, through SHA-256 digests, so neither the key's bytes nor its length show in the
+    /// answer's timing).
     pub api_key: Option<String>,
+    /// An embedding request (reading its body, waiting for a tokenizing slot and for the
+    /// model, the answer) that takes longer is answered 503 (`timeout`, `Retry-After`) and
+    /// leaves the queue.
+    pub request_timeout: Duration,
+    /// Requests tokenizing at once; the others wait for a slot (within their timeout) before
+    /// they are admitted into the queue, so a burst of 2 MiB bodies cannot occupy every
+    /// thread.
+    pub max_tokenizing: usize,
 }
 
 impl Default for Config {
@@ -119,6 +135,33 @@ impl Default for Config {
             max_queue_tokens: 131_072,
             max_merge_tokens: 16_384,
             api_key: None,
+            request_timeout: Duration::from_secs(60),
+            max_tokenizing: std::thread::available_parallelism().map_or(2, usize::from),
+        }
+    }
+}
+
+/// Connection limits of [`serve_with`]: what protects the server from clients that connect
+/// and then send slowly, or not at all.
+#[derive(Debug, Clone)]
+pub struct Connections {
+    /// A connection whose request headers have not all arrived this long after the request
+    /// started is closed (slowloris; also an idle keep-alive connection).
+    pub header_read_timeout: Duration,
+    /// Connections open at once; further ones wait in the listener's backlog until one
+    /// closes.
+    pub max_connections: usize,
+    /// After the shutdown signal, requests in flight get this long to finish; then the
+    /// remaining connections are closed and [`serve_with`] returns.
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for Connections {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: Duration::from_secs(10),
+            max_connections: 1024,
+            shutdown_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -126,6 +169,10 @@ impl Default for Config {
 /// State shared by the handlers and the model thread.
 struct Shared {
     config: Config,
+    /// SHA-256 of the API key, when there is one.
+    api_key_digest: Option<[u8; 32]>,
+    /// Slots for tokenizing ([`Config::max_tokenizing`]).
+    tokenizing: Arc<tokio::sync::Semaphore>,
     /// Empty while loading.
     model: OnceLock<Result<Arc<TextEmbedder>, String>>,
     depth: Depth,
@@ -152,6 +199,8 @@ pub fn start(
 ) -> std::io::Result<(Router, std::thread::JoinHandle<()>)> {
     let (jobs, receiver) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared {
+        api_key_digest: config.api_key.as_deref().map(routes::digest),
+        tokenizing: Arc::new(tokio::sync::Semaphore::new(config.max_tokenizing.max(1))),
         config,
         model: OnceLock::new(),
         depth: Depth::default(),
@@ -215,23 +264,95 @@ fn load_and_warm_up(
     result
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves, then finishes the requests in
-/// flight.
+/// Serves `router` on `listener` with the default [`Connections`] limits until `shutdown`
+/// resolves, then finishes the requests in flight (within the shutdown deadline).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    // Small JSON answers on keep-alive connections: without TCP_NODELAY, Nagle's algorithm
-    // and delayed ACKs can hold back their last segment.
-    let listener = listener.tap_io(|tcp| {
+    serve_with(listener, router, shutdown, Connections::default()).await
+}
+
+/// Serves `router` on `listener` (HTTP/1.1) under `limits` until `shutdown` resolves: then
+/// stops accepting, lets the requests in flight finish for at most
+/// [`Connections::shutdown_timeout`], closes what is left and returns.
+pub async fn serve_with(
+    listener: TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    limits: Connections,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::server::graceful::GracefulShutdown;
+
+    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    // hyper enforces the header timeout only with a timer.
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .keep_alive(true);
+    let graceful = GracefulShutdown::new();
+    // Dropping the set (at the deadline) aborts the connections still open.
+    let mut connections = tokio::task::JoinSet::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        while connections.try_join_next().is_some() {}
+        let permit = tokio::select! {
+            () = &mut shutdown => break,
+            permit = Arc::clone(&permits).acquire_owned() => {
+                permit.expect("the semaphore is never closed")
+            }
+        };
+        let tcp = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    // Per-connection errors (a reset before accept) end only that
+                    // connection; others (out of file descriptors) pass with time, as
+                    // axum::serve does.
+                    if !is_connection_error(&e) {
+                        eprintln!("warning: accept failed: {e}");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    continue;
+                }
+            },
+        };
+        // Small JSON answers on keep-alive connections: without TCP_NODELAY, Nagle's
+        // algorithm and delayed ACKs can hold back their last segment.
         if let Err(e) = tcp.set_nodelay(true) {
             eprintln!("warning: cannot set TCP_NODELAY: {e}");
         }
-    });
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let connection = graceful.watch(http.serve_connection(TokioIo::new(tcp), service));
+        connections.spawn(async move {
+            let _permit = permit;
+            // A client that breaks its connection is no error of the server's.
+            let _ = connection.await;
+        });
+    }
+    drop(listener);
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(limits.shutdown_timeout) => {
+            eprintln!(
+                "shutdown deadline ({:?}) passed: closing the connections still open",
+                limits.shutdown_timeout
+            );
+        }
+    }
+    connections.shutdown().await;
+    Ok(())
+}
+
+fn is_connection_error(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind;
+    matches!(
+        e.kind(),
+        ErrorKind::ConnectionRefused | ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset
+    )
 }
 
 /// Registers for Ctrl-C and SIGTERM (what container platforms send before stopping) now, so

@@ -44,6 +44,7 @@ pub struct Metrics {
     pub tokens: Counter,
     pub backend_errors: Counter,
     pub abandoned: Counter,
+    pub timeouts: Counter,
     pub ready: Gauge,
     pub load_seconds: Gauge<f64, AtomicU64>,
 }
@@ -123,8 +124,14 @@ impl Metrics {
         let abandoned = Counter::default();
         registry.register(
             "ruri_abandoned_requests",
-            "Queued requests skipped because their client had gone",
+            "Queued requests given up before the model took them (client gone, or request timeout)",
             abandoned.clone(),
+        );
+        let timeouts = Counter::default();
+        registry.register(
+            "ruri_request_timeouts",
+            "Embedding requests answered 503 at the request timeout",
+            timeouts.clone(),
         );
         let ready = Gauge::default();
         registry.register(
@@ -153,6 +160,7 @@ impl Metrics {
             tokens,
             backend_errors,
             abandoned,
+            timeouts,
             ready,
             load_seconds,
         }

@@ -3,7 +3,8 @@
 //! them under its padded-token budget), and hands each request its rows back.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use ruri::{Encoding, TextEmbedder};
@@ -20,6 +21,42 @@ pub struct Job {
     pub tokens: usize,
     pub enqueued: Instant,
     pub reply: oneshot::Sender<Reply>,
+    /// Set by whichever of the model thread (taking the job) and the handler (giving up on
+    /// it: [`Admission`]'s drop) comes first; that one releases the job's tokens.
+    pub claim: Arc<AtomicBool>,
+}
+
+/// A request's place in the queue, held by its handler: dropped before the model thread
+/// takes the job (the request timed out, or its client went away), it gives the tokens back
+/// at once, and the model thread then skips the job.
+pub struct Admission {
+    shared: Arc<crate::Shared>,
+    tokens: usize,
+    claim: Arc<AtomicBool>,
+}
+
+impl Admission {
+    /// After `Depth::try_admit` has counted `tokens`.
+    pub fn new(shared: Arc<crate::Shared>, tokens: usize) -> Self {
+        Self {
+            shared,
+            tokens,
+            claim: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    pub fn claim(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.claim)
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        if !self.claim.swap(true, Ordering::AcqRel) {
+            self.shared.depth.release(self.tokens);
+            self.shared.metrics.abandoned.inc();
+        }
+    }
 }
 
 /// What waits in the queue, counted at admission and released when a backend call takes it.
@@ -69,15 +106,21 @@ pub fn run_worker(
         let mut merged = Vec::new();
         let mut tokens = 0;
         for job in std::iter::once(first).chain(std::iter::from_fn(|| jobs.try_recv().ok())) {
+            // Held for the next call before it is claimed: a held job stays its handler's to
+            // give up on until a call takes it.
+            if !merged.is_empty() && tokens + job.tokens > max_merge_tokens {
+                held = Some(job);
+                break;
+            }
+            if job.claim.swap(true, Ordering::AcqRel) {
+                // Its handler gave up and released its tokens already.
+                continue;
+            }
             if job.reply.is_closed() {
                 // The client went away while waiting: skip its work.
                 depth.release(job.tokens);
                 metrics.abandoned.inc();
                 continue;
-            }
-            if !merged.is_empty() && tokens + job.tokens > max_merge_tokens {
-                held = Some(job);
-                break;
             }
             tokens += job.tokens;
             merged.push(job);

@@ -15,17 +15,19 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use base64::Engine as _;
 use ruri::{Encoding, Error, Prompts, Task, Truncation};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::api::{self, ApiError, EncodingFormat, ErrorKind, Flavor, OpenAiRequest, TeiRequest};
-use crate::queue::Job;
+use crate::queue::{Admission, Job};
 use crate::{App, describe};
 
 pub(crate) fn router(app: App) -> Router {
     let body_limit = app.shared.config.max_body_bytes;
+    // Layers run outside in: the key is checked first, then the timeout covers the rest.
     let embedding = Router::new()
         .route("/v1/embeddings", post(openai_embeddings))
         .route("/embed", post(tei_embed))
+        .route_layer(middleware::from_fn_with_state(app.clone(), request_timeout))
         .route_layer(middleware::from_fn_with_state(app.clone(), require_api_key));
     Router::new()
         .merge(embedding)
@@ -80,14 +82,37 @@ async fn track(State(app): State<App>, request: Request, next: Next) -> Response
     response
 }
 
+/// The whole request (its body, the tokenizing slot, the queue, the answer) within
+/// [`Config::request_timeout`](crate::Config::request_timeout). Dropping the handler's future
+/// drops its place in the queue ([`crate::queue::Admission`]), so the model never runs it.
+async fn request_timeout(State(app): State<App>, request: Request, next: Next) -> Response {
+    let limit = app.shared.config.request_timeout;
+    let flavor = Flavor::of_path(request.uri().path());
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => {
+            app.shared.metrics.timeouts.inc();
+            ApiError::new(
+                ErrorKind::Timeout,
+                format!(
+                    "the request did not finish within this server's request timeout ({:.3} s): \
+                     the model is busy or the body came too slowly; retry shortly",
+                    limit.as_secs_f64()
+                ),
+            )
+            .into_response(flavor)
+        }
+    }
+}
+
 async fn require_api_key(State(app): State<App>, request: Request, next: Next) -> Response {
-    if let Some(key) = &app.shared.config.api_key {
+    if let Some(key) = &app.shared.api_key_digest {
         let given = request
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|value| value.to_str().ok())
             .and_then(|value| value.strip_prefix("Bearer "));
-        if !given.is_some_and(|given| same_secret(given.as_bytes(), key.as_bytes())) {
+        if !given.is_some_and(|given| same_digest(&digest(given), key)) {
             let flavor = Flavor::of_path(request.uri().path());
             return ApiError::new(
                 ErrorKind::Unauthorized,
@@ -99,9 +124,18 @@ async fn require_api_key(State(app): State<App>, request: Request, next: Next) -
     next.run(request).await
 }
 
-/// Equality whose time does not depend on where the first difference is.
-fn same_secret(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// SHA-256 of a key: what is compared, so that the comparison always covers 32 bytes
+/// whatever the lengths of the key and of the guess (comparing the keys themselves would
+/// stop at a length difference, and so tell the key's length).
+pub(crate) fn digest(key: &str) -> [u8; 32] {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(key.as_bytes()).into()
+}
+
+/// Equality of two digests whose time does not depend on where the first difference is.
+fn same_digest(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    // `black_box`: keeps the optimizer from turning the fold into an early-exit comparison.
+    std::hint::black_box(a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y))) == 0
 }
 
 async fn health() -> Response {
@@ -421,9 +455,18 @@ async fn embed(app: &App, work: Work) -> Result<Embedded, ApiError> {
         .param("normalize"));
     }
     let texts = work.texts;
+    // A slot before tokenizing: at most `max_tokenizing` requests do it at once (the rest
+    // wait here, within their request timeout), whatever the number of connections. The
+    // slot moves into the work, so a request that times out while the blocking pool
+    // tokenizes it still holds its slot until that work ends.
+    let slot = Arc::clone(&shared.tokenizing)
+        .acquire_owned()
+        .await
+        .map_err(|_| ApiError::new(ErrorKind::Backend, "the server is shutting down"))?;
     let small = texts.iter().map(String::len).sum::<usize>() <= INLINE_TEXT_BYTES;
     let tokenizer_engine = Arc::clone(&engine);
     let encodings = run_cpu(small, move || {
+        let _slot = slot;
         let (tokenizer, whitespace) = (tokenizer_engine.tokenizer(), tokenizer_engine.whitespace());
         texts
             .iter()
@@ -450,15 +493,18 @@ async fn embed(app: &App, work: Work) -> Result<Embedded, ApiError> {
             "the server is busy (queue full); retry shortly",
         ));
     }
+    // Releases the request's place in the queue if this future is dropped (a timeout, a
+    // client gone) before the model thread takes it.
+    let admission = Admission::new(Arc::clone(shared), tokens);
     let (reply, answer) = oneshot::channel();
     let job = Job {
         encodings,
         tokens,
         enqueued: Instant::now(),
         reply,
+        claim: admission.claim(),
     };
-    if let Err(mpsc::error::SendError(job)) = app.jobs.send(job) {
-        shared.depth.release(job.tokens);
+    if app.jobs.send(job).is_err() {
         return Err(ApiError::new(
             ErrorKind::Backend,
             "the model worker has stopped",
@@ -475,4 +521,33 @@ async fn embed(app: &App, work: Work) -> Result<Embedded, ApiError> {
         normalize: work.normalize,
         tokens,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The key is compared as digests: equal keys match; a prefix, an extension, another key
+    /// of the same length and the empty string do not (and every comparison covers 32 bytes,
+    /// whatever the guess's length).
+    #[test]
+    fn api_keys_compare_through_their_digests() {
+        let key = digest("s3cret-key");
+        assert!(same_digest(&digest("s3cret-key"), &key));
+        for guess in [
+            "s3cret",
+            "s3cret-key-and-more",
+            "s3cret-kez",
+            "",
+            "S3CRET-KEY",
+        ] {
+            assert!(!same_digest(&digest(guess), &key), "{guess:?} matched");
+        }
+        // SHA-256 of "abc" (FIPS 180-2, appendix B.1): the digest is the standard one.
+        assert_eq!(
+            digest("abc")[..4],
+            [0xba, 0x78, 0x16, 0xbf],
+            "SHA-256(\"abc\") starts ba7816bf"
+        );
+    }
 }

@@ -6,6 +6,7 @@
 #
 #   tools/bench/serve_load.sh              # the 30m-shape int8 model, else the tiny one
 #   SECONDS_EACH=30 CONNECTIONS="16 64" tools/bench/serve_load.sh --threads 1
+#   CONNECTIONS=800 SLOW=200 tools/bench/serve_load.sh   # plus 200 slowloris clients
 #
 # Extra arguments go to every run. Loopback only; every loop is bounded by SECONDS_EACH.
 set -euo pipefail
@@ -13,6 +14,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
 SECONDS_EACH=${SECONDS_EACH:-20}
 CONNECTIONS=${CONNECTIONS:-"32 256"}
+# Slowloris clients beside the ordinary ones (headers a byte a second; cut at the server's
+# header-read timeout).
+SLOW=${SLOW:-0}
 # cargo runs a bench in its package's folder: hand it absolute paths.
 absolute() { if [[ $1 == /* ]]; then echo "$1"; else echo "$PWD/$1"; fi; }
 SHAPE=$(absolute "${SHAPE:-testdata/generated/ruri-v3-30m-shape}")
@@ -32,5 +36,5 @@ else
 fi
 for connections in $CONNECTIONS; do
     cargo bench --quiet -p ruri-server --bench serve -- "${model[@]}" \
-        --load "$connections" --seconds "$SECONDS_EACH" --rounds 1 "$@"
+        --load "$connections" --slow "$SLOW" --seconds "$SECONDS_EACH" --rounds 1 "$@"
 done

@@ -59,8 +59,20 @@ impl Session<'_> {
             commit,
             files,
         };
+        // huggingface_hub's `.no_exist/<commit>/<path>` markers: files the Hub answered it
+        // does not have at this commit (written by either side).
+        let mut absent = Vec::new();
+        list_files(
+            &storage.join(".no_exist").join(&listing.commit),
+            "",
+            &mut absent,
+        );
         match choose(&listing) {
             Ok(_) => Ok(snapshot),
+            // Known absent: the Hub's answer, not a gap in the cache.
+            Err(e @ Error::RemoteFileNotFound { .. }) if matches!(&e, Error::RemoteFileNotFound { wanted, .. } if absent.contains(wanted)) => {
+                Err(e)
+            }
             Err(Error::RemoteFileNotFound { wanted, files, .. }) => Err(not_cached(format!(
                 "the cached snapshot {} has no {wanted} (it has {})",
                 snapshot.display(),
@@ -95,6 +107,20 @@ fn list_files(dir: &Path, prefix: &str, out: &mut Vec<String>) {
             out.push(relative);
         }
     }
+}
+
+/// Records that the Hub has no `path` at `commit`, as huggingface_hub does after a 404: an
+/// empty `.no_exist/<commit>/<path>` file. Best effort: a marker only saves a later offline
+/// run (ruri's or Python's) from taking the file for one not yet downloaded.
+pub(super) fn mark_absent(storage: &Path, commit: &str, path: &str) {
+    let marker = storage.join(".no_exist").join(commit).join(path);
+    if marker.is_file() {
+        return;
+    }
+    if let Some(parent) = marker.parent() {
+        let _ = std::fs::create_dir_all(parent);
+    }
+    let _ = std::fs::File::create(&marker);
 }
 
 /// `refs/<revision>` = `commit`, replaced atomically (a concurrent reader never sees it

@@ -6,12 +6,12 @@ use std::io::{IsTerminal, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use hf_hub::api::sync::{Api, ApiBuilder, ApiError};
+use hf_hub::api::sync::{Api, ApiBuilder};
 use hf_hub::{Cache, Repo, RepoType};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use super::cache::{link, write_ref};
+use super::cache::{link, mark_absent, write_ref};
 use super::{Hub, RemoteFiles, is_commit};
 use crate::{Error, Result};
 
@@ -51,6 +51,9 @@ pub(super) struct Session<'a> {
     pub(super) revision: &'a str,
     api: Api,
     agent: ureq::Agent,
+    /// The same, following no redirect: the metadata request reads the resolve route's own
+    /// answer (a redirect to the CDN carries the LFS file's hash and size).
+    no_redirect: ureq::Agent,
     pub(super) cache_dir: PathBuf,
     /// `models--org--name`.
     pub(super) folder: String,
@@ -73,14 +76,23 @@ impl<'a> Session<'a> {
                 url: hub.endpoint.clone(),
                 source: Box::new(e),
             })?;
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_connect(Some(Duration::from_secs(10)))
-            .timeout_recv_response(Some(Duration::from_secs(60)))
-            .timeout_recv_body(None)
-            .user_agent(format!("ruri/{}; hf-hub/0.5", env!("CARGO_PKG_VERSION")))
-            .build()
-            .into();
+        let config = || {
+            ureq::Agent::config_builder()
+                .http_status_as_error(false)
+                .timeout_connect(Some(Duration::from_secs(10)))
+                .timeout_recv_response(Some(Duration::from_secs(60)))
+                // No limit on a whole body (a large file on a slow link takes its time), but each
+                // read has one: a stalled body is a dropped connection, and is resumed.
+                .timeout_recv_body(None)
+                .timeout_per_read(Some(hub.read_timeout))
+                // The token goes to the Hub only, never along a redirect (the resolve route sends
+                // LFS files to a CDN, another origin): ureq's default, stated rather than relied
+                // on (tests/hub.rs checks that no CDN request carries it).
+                .redirect_auth_headers(ureq::config::RedirectAuthHeaders::Never)
+                .user_agent(format!("ruri/{}; hf-hub/0.5", env!("CARGO_PKG_VERSION")))
+        };
+        let agent: ureq::Agent = config().build().into();
+        let no_redirect: ureq::Agent = config().max_redirects(0).build().into();
         let folder = Repo::new(repo.to_owned(), RepoType::Model).folder_name();
         Ok(Self {
             hub,
@@ -88,6 +100,7 @@ impl<'a> Session<'a> {
             revision,
             api,
             agent,
+            no_redirect,
             cache_dir,
             folder,
         })
@@ -201,6 +214,12 @@ impl<'a> Session<'a> {
             }
             self.fetch_file(&files.commit, path, &pointer, gated.is_gated())?;
         }
+        // The folder files this commit lacks, for offline runs (ruri's and Python's).
+        for (path, _) in super::FOLDER_FILES {
+            if !files.contains(path) {
+                mark_absent(&storage, &files.commit, path);
+            }
+        }
         if self.revision != files.commit {
             write_ref(&storage, self.revision, &files.commit)?;
         }
@@ -214,11 +233,7 @@ impl<'a> Session<'a> {
             let path = path.to_path_buf();
             move |source| Error::Io { path, source }
         };
-        let metadata = self
-            .api
-            .metadata(&url)
-            .map_err(|e| self.api_error(&url, e, gated))?;
-        let etag = metadata.etag().to_owned();
+        let (etag, size) = self.metadata(&url, gated)?;
         if !safe_etag(&etag) {
             return Err(Error::Download {
                 url,
@@ -238,8 +253,18 @@ impl<'a> Session<'a> {
             lock.lock().map_err(io(&lock_path))?;
             // Another process may have finished it while we waited.
             if !blob.is_file() {
+                if size > self.hub.max_file_bytes {
+                    return Err(Error::Download {
+                        url,
+                        reason: format!(
+                            "the Hub announces {size} bytes, more than the largest file this \
+                             client downloads ({} bytes, Hub::max_file_bytes)",
+                            self.hub.max_file_bytes
+                        ),
+                    });
+                }
                 let incomplete = storage.join("blobs").join(format!("{etag}.incomplete"));
-                self.download(&url, metadata.size() as u64, &etag, &incomplete, path)?;
+                self.download(&url, size, &etag, &incomplete, path)?;
                 std::fs::rename(&incomplete, &blob).map_err(io(&blob))?;
             }
             drop(lock);
@@ -249,25 +274,72 @@ impl<'a> Session<'a> {
         link(&blob, pointer, path).map_err(io(pointer))
     }
 
-    /// hf-hub's error, typed.
-    fn api_error(&self, url: &str, e: ApiError, gated: bool) -> Error {
-        match e {
-            ApiError::RequestError(e) => match *e {
-                ureq::Error::StatusCode(status) => self.status_error(url, status, "", gated),
-                other => Error::Network {
-                    url: url.to_owned(),
-                    source: Box::new(other),
-                },
-            },
-            ApiError::MissingHeader(h) | ApiError::InvalidHeader(h) => Error::Download {
-                url: url.to_owned(),
-                reason: format!("the Hub's answer lacks a valid {h} header"),
-            },
-            other => Error::Download {
-                url: url.to_owned(),
-                reason: other.to_string(),
-            },
+    /// A file's ETag (its SHA-256 for LFS files, a git blob id otherwise) and size, from a
+    /// `HEAD` of its resolve URL, as `huggingface_hub`'s `get_hf_file_metadata`: redirects
+    /// are not followed (an LFS file's answer is a redirect to the CDN whose `X-Linked-Etag`
+    /// and `X-Linked-Size` describe it), so the token, sent to the Hub, never goes to the
+    /// CDN. (hf-hub's own `metadata` follows the redirect with the token: the CDN saw it.)
+    /// A relative redirect (a renamed repository) stays on the Hub and is followed.
+    fn metadata(&self, url: &str, gated: bool) -> Result<(String, u64)> {
+        let mut url = url.to_owned();
+        for _ in 0..5 {
+            let mut request = self
+                .no_redirect
+                .head(&url)
+                .header("Accept-Encoding", "identity");
+            if let Some(token) = &self.hub.token {
+                request = request.header("Authorization", format!("Bearer {token}"));
+            }
+            let response = request.call().map_err(|e| Error::Network {
+                url: url.clone(),
+                source: Box::new(e),
+            })?;
+            let status = response.status().as_u16();
+            let header = |name: &str| {
+                response
+                    .headers()
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned)
+            };
+            let linked = header("x-linked-etag").is_some();
+            if (300..400).contains(&status) && !linked {
+                match header("location") {
+                    Some(location) if location.starts_with('/') => {
+                        url = format!("{}{location}", self.hub.endpoint);
+                        continue;
+                    }
+                    _ => {
+                        return Err(Error::Download {
+                            url,
+                            reason: format!("HTTP {status} without X-Linked-Etag"),
+                        });
+                    }
+                }
+            }
+            if !(200..400).contains(&status) {
+                return Err(self.status_error(&url, status, "", gated));
+            }
+            let missing = |what: &str| Error::Download {
+                url: url.clone(),
+                reason: format!("the Hub's answer lacks a valid {what} header"),
+            };
+            // huggingface_hub's `_normalize_etag`: no weak marker, no quotes.
+            let etag = header("x-linked-etag")
+                .or_else(|| header("etag"))
+                .map(|e| e.trim().trim_start_matches("W/").replace('"', ""))
+                .filter(|e| !e.is_empty())
+                .ok_or_else(|| missing("ETag"))?;
+            let size = header("x-linked-size")
+                .or_else(|| header("content-length"))
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .ok_or_else(|| missing("size (X-Linked-Size or Content-Length)"))?;
+            return Ok((etag, size));
         }
+        Err(Error::Download {
+            url,
+            reason: "more than 5 redirects within the Hub".into(),
+        })
     }
 
     /// Fills `incomplete` up to `size` bytes, resuming what is there, then checks it: size,

@@ -23,14 +23,19 @@
 //! [`Hub::from_env`] reads what `huggingface_hub` reads: `HF_HOME` (default
 //! `$XDG_CACHE_HOME/huggingface`, else `~/.cache/huggingface`), `HF_HUB_CACHE` (default
 //! `$HF_HOME/hub`), `HF_ENDPOINT` (default `https://huggingface.co`), `HF_TOKEN`, else the
-//! token file (`HF_TOKEN_PATH`, default `$HF_HOME/token`, written by `hf auth login`), and
-//! `HF_HUB_OFFLINE=1` (use the cache only).
+//! token file (`HF_TOKEN_PATH`, default `$HF_HOME/token`, written by `hf auth login`) unless
+//! `HF_HUB_DISABLE_IMPLICIT_TOKEN` is true, and `HF_HUB_OFFLINE=1` (use the cache only). The
+//! token is sent to the Hub's origin only, never along a redirect (the CDN that serves LFS
+//! files is another origin).
 //!
 //! # Never a corrupt model
 //!
 //! A file enters `blobs/` only by a rename of its `.incomplete` file once its size equals the
 //! announced size and, for LFS files, its SHA-256 equals the ETag; the snapshot link is made
-//! after that. A dropped connection is resumed with a `Range` request (a server that ignores
+//! after that. Small (git) files have a git blob id as their ETag, not a SHA-256: they are
+//! checked by size only. A file announced over [`Hub::max_file_bytes`] is refused before the
+//! transfer, a body is never written past the announced size, and a read that waits past
+//! [`Hub::read_timeout`] counts as a dropped connection. A dropped connection is resumed with a `Range` request (a server that ignores
 //! the range restarts the file from zero rather than appending to it), up to
 //! [`Hub::retries`] times, and a later run resumes what an interrupted process left.
 //!
@@ -40,7 +45,10 @@
 //! to a commit and lists its files; only the files missing from that commit's snapshot are
 //! fetched. When the Hub cannot be reached (a network failure, not an HTTP error), or with
 //! `HF_HUB_OFFLINE=1`, the cache answers: `refs/<revision>` (or the commit itself) names the
-//! snapshot, and the files the backend needs must be in it, else [`Error::NotCached`].
+//! snapshot, and the files the backend needs must be in it, else [`Error::NotCached`] — or
+//! [`Error::RemoteFileNotFound`] when a `.no_exist/<commit>/<path>` marker records that the
+//! Hub has no such file. Online, such a marker is written (as `huggingface_hub` does after a
+//! 404) for each folder file (`config_sentence_transformers.json`, …) the listing lacks.
 //!
 //! # Errors
 //!
@@ -101,7 +109,15 @@ pub struct Hub {
     offline: bool,
     progress: Option<bool>,
     retries: u32,
+    read_timeout: std::time::Duration,
+    max_file_bytes: u64,
 }
+
+/// [`Hub::read_timeout`]'s default.
+pub const DEFAULT_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// [`Hub::max_file_bytes`]'s default: 16 GiB, over ten times the largest Ruri v3 file (the
+/// 310m model's fp32 weights, 1.2 GB), far under a disk that a lying server would fill.
+pub const DEFAULT_MAX_FILE_BYTES: u64 = 16 << 30;
 
 impl std::fmt::Debug for Hub {
     /// Everything but the token's value.
@@ -113,6 +129,8 @@ impl std::fmt::Debug for Hub {
             .field("offline", &self.offline)
             .field("progress", &self.progress)
             .field("retries", &self.retries)
+            .field("read_timeout", &self.read_timeout)
+            .field("max_file_bytes", &self.max_file_bytes)
             .finish()
     }
 }
@@ -124,44 +142,61 @@ impl Default for Hub {
     }
 }
 
-/// An environment variable's value, unset when empty.
-fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
-}
+/// The environment, as [`Hub::from_env`] reads it: a variable's value, unset when empty.
+struct Vars<F: Fn(&str) -> Option<String>>(F);
 
-/// `huggingface_hub`'s `_is_true`.
-fn env_true(name: &str) -> bool {
-    env(name).is_some_and(|v| {
-        matches!(
-            v.trim().to_ascii_uppercase().as_str(),
-            "1" | "ON" | "YES" | "TRUE"
-        )
-    })
-}
-
-/// `HF_HOME`, as `huggingface_hub/constants.py` resolves it.
-fn hf_home() -> Option<PathBuf> {
-    if let Some(home) = env("HF_HOME") {
-        return Some(PathBuf::from(home));
+impl<F: Fn(&str) -> Option<String>> Vars<F> {
+    fn get(&self, name: &str) -> Option<String> {
+        (self.0)(name).filter(|v| !v.trim().is_empty())
     }
-    let cache = env("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| env("HOME").map(|h| Path::new(&h).join(".cache")))?;
-    Some(cache.join("huggingface"))
+
+    /// `huggingface_hub`'s `_is_true`.
+    fn is_true(&self, name: &str) -> bool {
+        self.get(name).is_some_and(|v| {
+            matches!(
+                v.trim().to_ascii_uppercase().as_str(),
+                "1" | "ON" | "YES" | "TRUE"
+            )
+        })
+    }
+
+    /// `HF_HOME`, as `huggingface_hub/constants.py` resolves it.
+    fn hf_home(&self) -> Option<PathBuf> {
+        if let Some(home) = self.get("HF_HOME") {
+            return Some(PathBuf::from(home));
+        }
+        let cache = self
+            .get("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| self.get("HOME").map(|h| Path::new(&h).join(".cache")))?;
+        Some(cache.join("huggingface"))
+    }
 }
 
 impl Hub {
     /// The configuration `huggingface_hub` would use here: `HF_ENDPOINT`, `HF_HUB_CACHE` /
     /// `HF_HOME`, `HF_TOKEN` else the token file (`HF_TOKEN_PATH`, default `$HF_HOME/token`),
-    /// `HF_HUB_OFFLINE`. A progress bar is drawn when stderr is a terminal.
+    /// `HF_HUB_OFFLINE`, and `HF_HUB_DISABLE_IMPLICIT_TOKEN` (then neither `HF_TOKEN` nor the
+    /// file is sent; only a token given with [`Hub::token`]). A progress bar is drawn when
+    /// stderr is a terminal.
     pub fn from_env() -> Self {
-        let home = hf_home();
+        Self::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// [`Hub::from_env`] on any source of variables.
+    fn from_vars(var: impl Fn(&str) -> Option<String>) -> Self {
+        let vars = Vars(var);
+        let env = |name: &str| vars.get(name);
+        let home = vars.hf_home();
         let cache_dir = env("HF_HUB_CACHE")
             .or_else(|| env("HUGGINGFACE_HUB_CACHE"))
             .map(PathBuf::from)
             .or_else(|| home.as_ref().map(|h| h.join("hub")));
         let endpoint = env("HF_ENDPOINT").unwrap_or_else(|| DEFAULT_ENDPOINT.to_owned());
-        let (token, token_source) = if let Some(token) = env("HF_TOKEN") {
+        let (token, token_source) = if vars.is_true("HF_HUB_DISABLE_IMPLICIT_TOKEN") {
+            // huggingface_hub's `get_token_to_send`: no implicit token at all.
+            (None, TokenSource::None)
+        } else if let Some(token) = env("HF_TOKEN") {
             (Some(token.trim().to_owned()), TokenSource::Env)
         } else {
             let path = env("HF_TOKEN_PATH")
@@ -179,9 +214,11 @@ impl Hub {
             cache_dir,
             token,
             token_source,
-            offline: env_true("HF_HUB_OFFLINE"),
+            offline: vars.is_true("HF_HUB_OFFLINE"),
             progress: None,
             retries: 3,
+            read_timeout: DEFAULT_READ_TIMEOUT,
+            max_file_bytes: DEFAULT_MAX_FILE_BYTES,
         }
     }
 
@@ -227,6 +264,22 @@ impl Hub {
     /// How many times a dropped transfer is resumed before [`Error::Network`] (default 3).
     pub fn retries(mut self, retries: u32) -> Self {
         self.retries = retries;
+        self
+    }
+
+    /// The longest wait for any one read of an answer (default [`DEFAULT_READ_TIMEOUT`]): a
+    /// body that stalls this long counts as a dropped connection, and is resumed (up to
+    /// [`Hub::retries`] times) rather than waited on forever.
+    pub fn read_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.read_timeout = timeout;
+        self
+    }
+
+    /// The largest file downloaded (default [`DEFAULT_MAX_FILE_BYTES`]): a file announced
+    /// larger is refused before any byte is transferred, and no transfer writes more bytes
+    /// than were announced.
+    pub fn max_file_bytes(mut self, bytes: u64) -> Self {
+        self.max_file_bytes = bytes;
         self
     }
 
@@ -527,6 +580,54 @@ impl From<&Path> for ModelSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `from_vars` on a fixed set of variables.
+    fn hub_with(vars: &[(&str, &str)]) -> Hub {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        Hub::from_vars(move |name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+    }
+
+    /// `HF_HUB_DISABLE_IMPLICIT_TOKEN` as huggingface_hub's `get_token_to_send`: neither
+    /// `HF_TOKEN` nor the token file is sent; a token given in code still is.
+    #[test]
+    fn implicit_tokens_can_be_disabled() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "hf_from_file\n").unwrap();
+        let file_var = file.to_str().unwrap();
+        let from_env = hub_with(&[("HF_TOKEN", "hf_from_env")]);
+        assert_eq!(from_env.token.as_deref(), Some("hf_from_env"));
+        assert_eq!(from_env.token_source(), &TokenSource::Env);
+        let from_file = hub_with(&[("HF_TOKEN_PATH", file_var)]);
+        assert_eq!(from_file.token.as_deref(), Some("hf_from_file"));
+        for on in ["1", "true", "YES"] {
+            for vars in [
+                &[
+                    ("HF_TOKEN", "hf_from_env"),
+                    ("HF_HUB_DISABLE_IMPLICIT_TOKEN", on),
+                ][..],
+                &[
+                    ("HF_TOKEN_PATH", file_var),
+                    ("HF_HUB_DISABLE_IMPLICIT_TOKEN", on),
+                ][..],
+            ] {
+                let hub = hub_with(vars);
+                assert_eq!(hub.token, None, "{vars:?}");
+                assert_eq!(hub.token_source(), &TokenSource::None, "{vars:?}");
+                let explicit = hub.token("hf_explicit");
+                assert_eq!(explicit.token.as_deref(), Some("hf_explicit"));
+            }
+        }
+        // Not true: the token is sent.
+        let off = hub_with(&[
+            ("HF_TOKEN", "hf_from_env"),
+            ("HF_HUB_DISABLE_IMPLICIT_TOKEN", "0"),
+        ]);
+        assert_eq!(off.token.as_deref(), Some("hf_from_env"));
+    }
 
     #[test]
     fn repo_ids_follow_huggingface_hub() {

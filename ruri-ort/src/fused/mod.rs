@@ -128,6 +128,59 @@ impl Table {
     }
 }
 
+/// What the fused graph refuses in a `config.json` that parsed, as candle and the native
+/// engine do: it builds only the erf GELU (transformers' `"gelu"`), and rotary embeddings
+/// rotate pairs of a head's dimensions.
+pub(crate) fn check_config(config: &ModelConfig, config_path: &Path) -> Result<()> {
+    if config.hidden_activation != "gelu" {
+        return Err(Error::Unsupported {
+            path: config_path.to_path_buf(),
+            what: format!(
+                "hidden_activation {:?} (the fused graph builds \"gelu\", the erf GELU Ruri v3 uses)",
+                config.hidden_activation
+            ),
+        });
+    }
+    if !config.head_dim().is_multiple_of(2) {
+        return Err(Error::InvalidConfig {
+            path: config_path.to_path_buf(),
+            reason: format!(
+                "head dimension {} is odd: RoPE needs pairs",
+                config.head_dim()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Opens `path` as the checkpoint of `config` and reads what the fused graph reads from it
+/// (every tensor but the embedding table whole; the table's first and last rows, mapped and
+/// by positional reads), with no ONNX Runtime: the `fused_weights` fuzz target's entry point.
+/// Returns the number of values read, or the typed error the loader would return.
+#[doc(hidden)]
+pub fn read_checkpoint(path: &Path, config: &ModelConfig) -> Result<usize> {
+    const TABLE: &str = "embeddings.tok_embeddings.weight";
+    let mut st = Safetensors::open(path, config)?;
+    let mut values = 0;
+    for (name, _) in config.checkpoint_tensors() {
+        if name != TABLE {
+            values += st.read(&name)?.len();
+        }
+    }
+    let mapped = st.map(TABLE)?;
+    let file = st.file_rows(TABLE)?;
+    let mut row = Vec::new();
+    for r in [0, file.rows().saturating_sub(1)]
+        .into_iter()
+        .filter(|&r| r < file.rows())
+    {
+        mapped.push_row(r, &mut row);
+        file.read_row(r, &mut row)?;
+        values += 2 * row.len();
+    }
+    Ok(values)
+}
+
 /// How the fused sessions are made: the checkpoint, the mode, and the session options.
 pub(crate) struct Recipe {
     pub(crate) safetensors: PathBuf,
@@ -294,5 +347,36 @@ impl Backend for FusedBackend {
                 .map_err(|e| self.run_error(e))?;
             Ok(BackendOutput::Pooled(self.pooled(&outputs, rows)?))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fuzz target's seeds (written by hand-rolled Python, `fuzz/make_weight_seeds.py`)
+    /// load, so the fuzzer starts from files that reach past the header checks. Values read:
+    /// every tensor but the 10 × 8 table (8 + 8 + 24·8 + 8·8 + 8 + 32·8 + 8·16 = 664), and the
+    /// table's first and last rows, each read twice (4 · 8 = 32).
+    #[test]
+    fn the_fuzz_seeds_are_checkpoints_that_load() {
+        let config = ModelConfig::from_json_str(
+            r#"{"hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+                "intermediate_size": 16, "vocab_size": 10, "max_position_embeddings": 64}"#,
+            "config.json",
+        )
+        .unwrap();
+        let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds_weights");
+        for seed in [
+            "plain.f32.safetensors",
+            "model.bf16.safetensors",
+            "plain.f16.safetensors",
+        ] {
+            assert_eq!(
+                read_checkpoint(&seeds.join(seed), &config).unwrap(),
+                664 + 32,
+                "{seed}"
+            );
+        }
     }
 }

@@ -188,3 +188,60 @@ async fn a_request_abandoned_in_the_queue_is_skipped() {
             .contains("ruri_abandoned_requests_total 1\n")
     );
 }
+
+/// Requests that do not fit the current merge wait for the next call, and are answered: with
+/// a merge budget of one request and a token, every waiting request after the first is held
+/// over to the next call. (Holding a request used to mark it taken, so the next call skipped
+/// it: a 500 "dropped the request", and its tokens never left the queue; the load benchmark
+/// found it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_held_over_to_the_next_call_are_answered() {
+    let text = |i: usize| format!("{i}番目の依頼");
+    let tokens = tiny()
+        .tokenizer()
+        .encode("", &text(0), ruri::Truncation::Truncate)
+        .unwrap()
+        .len();
+    for i in 1..4 {
+        let other = tiny()
+            .tokenizer()
+            .encode("", &text(i), ruri::Truncation::Truncate)
+            .unwrap()
+            .len();
+        assert_eq!(other, tokens, "the waiting texts have one length");
+    }
+    let (load, gate, calls) = gated();
+    let server = spawn(
+        Config {
+            max_merge_tokens: tokens + 1,
+            ..Config::default()
+        },
+        load,
+    )
+    .await;
+    server.wait_ready().await;
+    gate.set(true);
+    let running = server
+        .client
+        .post_in_background("/embed", json!({"inputs": "走っている"}));
+    wait_calls(&calls, 2).await;
+    let waiting: Vec<_> = (0..4)
+        .map(|i| {
+            server
+                .client
+                .post_in_background("/embed", json!({"inputs": text(i)}))
+        })
+        .collect();
+    server.wait_queue_depth(4).await;
+    gate.set(false);
+    assert_eq!(running.await.unwrap().status, StatusCode::OK);
+    for request in waiting {
+        let reply = request.await.unwrap();
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    }
+    server.wait_queue_depth(0).await;
+    let metrics = server.metrics().await;
+    assert!(metrics.contains("ruri_queue_tokens 0\n"), "{metrics}");
+    // Warm-up, the running one, then one call per waiting request.
+    assert_eq!(*calls.lock().unwrap(), vec![1; 6]);
+}

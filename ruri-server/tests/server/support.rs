@@ -12,7 +12,7 @@ use hyper::{Method, StatusCode};
 use hyper_util::rt::TokioIo;
 use ruri::backend::{Backend, BackendOutput, PaddedBatch};
 use ruri::{EmbedOptions, Task, TextEmbedder};
-use ruri_server::{Config, LoadResult};
+use ruri_server::{Config, Connections, LoadResult};
 use ruri_testkit::tiny_model_dir;
 use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
@@ -150,13 +150,27 @@ pub(crate) async fn spawn(
     config: Config,
     load: impl FnOnce() -> LoadResult + Send + 'static,
 ) -> TestServer {
+    spawn_with(config, Connections::default(), load).await
+}
+
+/// [`spawn`] with these connection limits.
+pub(crate) async fn spawn_with(
+    config: Config,
+    connections: Connections,
+    load: impl FnOnce() -> LoadResult + Send + 'static,
+) -> TestServer {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (router, worker) = ruri_server::start(config, load).unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(ruri_server::serve(listener, router, async {
-        let _ = stopped.await;
-    }));
+    let task = tokio::spawn(ruri_server::serve_with(
+        listener,
+        router,
+        async {
+            let _ = stopped.await;
+        },
+        connections,
+    ));
     TestServer {
         client: Client { addr },
         stop: Some(stop),

@@ -19,8 +19,8 @@
 //!   one, as the Hub hides private repositories), `RevisionNotFound` (404), `EntryNotFound`
 //!   (404), `GatedRepo` (401 without a token, 403 with one that has no access).
 //!
-//! Faults ([`Fault`]) make the CDN drop a connection mid-body, send short or corrupt bodies,
-//! or ignore `Range`; [`MockHub::throttle`] slows bodies down so downloads overlap. Every
+//! Faults ([`Fault`]) make the CDN drop a connection mid-body, stall in the middle of one,
+//! send short, corrupt or oversized bodies, or ignore `Range`; [`MockHub::throttle`] slows bodies down so downloads overlap. Every
 //! request is logged ([`MockHub::requests`]).
 //!
 //! [`tiny_repos`] serves `testdata/tiny` under two ids at two commits. Run it standalone with
@@ -98,7 +98,16 @@ pub enum Fault {
     Truncate,
     /// `Range` is ignored: 200 and the whole file.
     IgnoreRange,
+    /// The next body stops halfway and the connection stays open, silent, for
+    /// [`STALL`] (then the fault is gone): a client without a read timeout hangs that long.
+    StallOnce,
+    /// The body is the file followed by as many bytes again (`Content-Length` of the
+    /// whole): more than the size the Hub announced.
+    Oversize,
 }
+
+/// How long [`Fault::StallOnce`] holds a connection silent.
+pub const STALL: Duration = Duration::from_secs(20);
 
 /// One request as the mock saw it.
 #[derive(Debug, Clone)]
@@ -272,6 +281,8 @@ struct Response {
     body: Vec<u8>,
     /// Stop after this many body bytes and close (a dropped connection).
     cut: Option<usize>,
+    /// Before closing after `cut`, stay silent for [`STALL`].
+    stall: bool,
 }
 
 impl Response {
@@ -281,6 +292,7 @@ impl Response {
             headers: Vec::new(),
             body: Vec::new(),
             cut: None,
+            stall: false,
         }
     }
     fn header(mut self, name: &str, value: impl Into<String>) -> Self {
@@ -509,6 +521,9 @@ fn serve(stream: TcpStream, cdn: SocketAddr, state: &Mutex<State>) -> std::io::R
         }
     }
     stream.flush()?;
+    if response.stall {
+        std::thread::sleep(STALL);
+    }
     if response.cut.is_some() {
         // An abrupt close, as a dropped connection.
         let _ = stream.shutdown(std::net::Shutdown::Both);
@@ -772,10 +787,15 @@ fn ranged(request: &Request, bytes: &[u8], fault: Option<Fault>) -> Response {
             }
         }
         Some(Fault::Truncate) => body.truncate(body.len() / 2),
-        Some(Fault::DropOnce | Fault::DropAlways) => {
-            // Announce everything, send half.
+        Some(Fault::DropOnce | Fault::DropAlways | Fault::StallOnce) => {
+            // Announce everything, send half (then, for a stall, wait before closing).
             response.cut = Some(body.len() / 2);
+            response.stall = fault == Some(Fault::StallOnce);
             response = response.header("Content-Length", body.len().to_string());
+        }
+        Some(Fault::Oversize) => {
+            let again = body.clone();
+            body.extend_from_slice(&again);
         }
         _ => {}
     }
@@ -797,7 +817,7 @@ fn cdn(request: &Request, sha: &str, state: &mut State) -> Response {
     // hf-hub probes with `Range: bytes=0-0`; faults hit real transfers only.
     let fault =
         fault.filter(|_| request.headers.get("range").map(String::as_str) != Some("bytes=0-0"));
-    if fault == Some(Fault::DropOnce) {
+    if matches!(fault, Some(Fault::DropOnce | Fault::StallOnce)) {
         state.faults.remove(&path);
     }
     ranged(request, &bytes, fault).header("ETag", format!("\"{sha}\""))
