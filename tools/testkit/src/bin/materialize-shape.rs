@@ -23,6 +23,6 @@ fn main() {
         eprintln!("creating {}: {e}", dest.display());
         std::process::exit(1);
     }
-    ruri_testkit::shapes::materialize_into(&recipe, &set.tokenizer_dir(), dest);
+    ruri_testkit::shapes::materialize_into(&recipe, set.tokenizer_dir(), dest);
     println!("{}", dest.display());
 }
