@@ -15,7 +15,7 @@ use ruri_core::{Error, ModelConfig, Result};
 /// The tensor that tells whether a checkpoint stores its tensors under `model.`.
 const PROBE: &str = "embeddings.tok_embeddings.weight";
 /// Headers larger than this are refused (the 310m model's is 16 KB).
-const MAX_HEADER: u64 = 100 << 20;
+pub(crate) const MAX_HEADER: u64 = 100 << 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Dtype {
