@@ -24,13 +24,33 @@ const MODEL_NAME = "ruri-v3-30m";
 // Worker caps the length (longer inputs: 400, or truncated with `"truncate": true`).
 const MAX_TOKENS = 2048;
 
+// Reads `body` into `loader` through one reused 1 MiB buffer (a BYOB reader), so that the
+// load leaves no chunk of the file behind for the garbage collector to count; a body
+// without BYOB support is read chunk by chunk.
+async function pushAll(body, loader) {
+  let reader;
+  try {
+    reader = body.getReader({ mode: "byob" });
+  } catch {
+    for await (const chunk of body) loader.push(chunk);
+    return;
+  }
+  let buffer = new ArrayBuffer(1 << 20);
+  for (;;) {
+    const { value, done } = await reader.read(new Uint8Array(buffer));
+    if (done) return;
+    loader.push(value);
+    buffer = value.buffer;
+  }
+}
+
 async function load(env) {
   initSync({ module: wasmModule });
   const loader = new EmbedderLoader(configJson, tokenizerJson, { maxLength: MAX_TOKENS });
   try {
     const response = await env.WEIGHTS.fetch("http://weights/model.safetensors");
     if (!response.ok) throw new Error(`model.safetensors: HTTP ${response.status}`);
-    for await (const chunk of response.body) loader.push(chunk);
+    await pushAll(response.body, loader);
     const e = loader.finish();
     e.embedQuery(""); // the first vector is part of the load
     return e;
