@@ -271,6 +271,10 @@ fn feed(
         let to = p.end.min(end);
         let mut bytes = &chunk[(from - at) as usize..(to - at) as usize];
         while !bytes.is_empty() {
+            if p.buf.is_empty() {
+                // Its final size at once: no copy as it grows over many chunks.
+                p.buf.reserve_exact(p.unit);
+            }
             let take = (p.unit - p.buf.len()).min(bytes.len());
             p.buf.extend_from_slice(&bytes[..take]);
             p.received += take as u64;
