@@ -201,7 +201,8 @@ pub enum EmbeddingTable {
     /// with no file to read. The same bits on every platform. Its cost against
     /// sentence-transformers fp32 at the four Ruri v3 shapes (`tests/shapes.rs`): min
     /// cosine 0.99998 with the fp32 encoder, 0.99970 with the int8 one (0.99975 with the
-    /// f32 table). ruri-wasm's default.
+    /// f32 table); on the 30m-shape benchmark model, int8, 0.99794 (0.99935 with the f32
+    /// table; BENCHMARKS.md). ruri-wasm's default.
     Int8,
 }
 
