@@ -332,14 +332,33 @@ impl Assembler {
     }
 
     /// The next whole rows of the token-embedding table, in order.
-    pub(crate) fn embedding_rows(&mut self, rows: &[f32]) {
-        let h = self.config.hidden_size;
+    pub(crate) fn embedding_rows(&mut self, rows: &[f32]) -> Result<()> {
+        let (h, vocab) = (self.config.hidden_size, self.config.vocab_size);
+        // The whole table's size at once (no copy as it grows), fallibly: a streamed
+        // header may claim more than the memory there is.
+        let too_large = || {
+            Self::invalid(format!(
+                "the tensor {EMBEDDINGS} ({vocab} × {h}) does not fit in memory"
+            ))
+        };
+        let cells = vocab.checked_mul(h).ok_or_else(too_large)?;
         match self.options.table {
-            EmbeddingTable::F32 => self.table_f32.extend_from_slice(rows),
+            EmbeddingTable::F32 => {
+                if self.table_f32.is_empty() {
+                    self.table_f32
+                        .try_reserve_exact(cells)
+                        .map_err(|_| too_large())?;
+                }
+                self.table_f32.extend_from_slice(rows);
+            }
             EmbeddingTable::Int8 => {
                 if self.table_q.is_empty() {
-                    self.table_q.reserve_exact(self.config.vocab_size * h);
-                    self.table_scales.reserve_exact(self.config.vocab_size);
+                    self.table_q
+                        .try_reserve_exact(cells)
+                        .map_err(|_| too_large())?;
+                    self.table_scales
+                        .try_reserve_exact(vocab)
+                        .map_err(|_| too_large())?;
                 }
                 for row in rows.chunks_exact(h) {
                     let at = self.table_q.len();
@@ -349,6 +368,7 @@ impl Assembler {
                 }
             }
         }
+        Ok(())
     }
 
     /// The model, once every tensor was received; `source`: the file to read embedding
@@ -488,7 +508,7 @@ impl Model {
                 for first in (0..vocab).step_by(ROWS) {
                     let rows = (vocab - first).min(ROWS);
                     weights.read_rows_into(EMBEDDINGS, first, rows, &mut w)?;
-                    assembler.embedding_rows(&w[..rows * h]);
+                    assembler.embedding_rows(&w[..rows * h])?;
                 }
                 assembler.finish(None)
             }

@@ -73,6 +73,12 @@ fn invalid(reason: String) -> Error {
     }
 }
 
+fn too_large(name: &str, bytes: u64) -> Error {
+    invalid(format!(
+        "the tensor {name} ({bytes} bytes) does not fit in memory"
+    ))
+}
+
 impl Loader {
     pub(crate) fn new(
         config: ModelConfig,
@@ -177,12 +183,12 @@ impl Loader {
                 .cloned()
                 .expect("parse_header_for checked every tensor is present");
             let width = dtype.width();
-            let bytes = shape.iter().product::<usize>() as u64 * width;
-            let unit = if name == EMBEDDINGS {
-                self.config.hidden_size * width as usize
-            } else {
-                bytes as usize
-            };
+            // The header's sizes were checked in u64 (`parse_entry`); a tensor too large
+            // for this platform's address space is refused here.
+            let bytes = shape.iter().fold(width, |n, &d| n.saturating_mul(d as u64));
+            let row = (self.config.hidden_size as u64).saturating_mul(width);
+            let unit = usize::try_from(if name == EMBEDDINGS { row } else { bytes })
+                .map_err(|_| too_large(&name, bytes))?;
             pending.push(Pending {
                 name,
                 dtype,
@@ -272,8 +278,11 @@ fn feed(
         let mut bytes = &chunk[(from - at) as usize..(to - at) as usize];
         while !bytes.is_empty() {
             if p.buf.is_empty() {
-                // Its final size at once: no copy as it grows over many chunks.
-                p.buf.reserve_exact(p.unit);
+                // Its final size at once: no copy as it grows over many chunks. (Fallible:
+                // a header may claim more than the memory there is.)
+                p.buf
+                    .try_reserve_exact(p.unit)
+                    .map_err(|_| too_large(&p.name, p.end - p.start))?;
             }
             let take = (p.unit - p.buf.len()).min(bytes.len());
             p.buf.extend_from_slice(&bytes[..take]);
@@ -284,7 +293,7 @@ fn feed(
                 p.dtype.decode_into(&p.buf, scratch);
                 p.buf.clear();
                 if p.name == EMBEDDINGS {
-                    assembler.embedding_rows(scratch);
+                    assembler.embedding_rows(scratch)?;
                 } else {
                     assembler.tensor(&p.name, scratch)?;
                     p.buf = Vec::new();

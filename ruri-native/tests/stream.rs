@@ -266,3 +266,40 @@ fn int8_table_is_rows_dequantized_by_hand() {
         );
     }
 }
+
+/// A header (and config) claiming a 1 TiB embedding table: a typed error (the memory cannot be
+/// had, or the file ends first), never an allocation abort.
+#[test]
+fn a_header_claiming_too_much_is_an_error() {
+    let vocab: u64 = 1 << 34;
+    let config = config_json().replace("\"vocab_size\": 8000", &format!("\"vocab_size\": {vocab}"));
+    assert_ne!(
+        config,
+        config_json(),
+        "the tiny config spells \"vocab_size\": 8000"
+    );
+    let bytes = weights();
+    let (data_start, header) = header(&bytes);
+    let mut header = header;
+    let end = bytes.len() as u64 - data_start as u64;
+    let table = &mut header["embeddings.tok_embeddings.weight"];
+    table["shape"] = serde_json::json!([vocab, 64]);
+    table["data_offsets"] = serde_json::json!([end, end + vocab * 64 * 4]);
+    let text = serde_json::to_vec(&header).unwrap();
+    let mut file = (text.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(&text);
+    file.extend_from_slice(&bytes[data_start..]);
+    file.extend_from_slice(&vec![0u8; 1 << 16]);
+    for table in [EmbeddingTable::Int8, EmbeddingTable::F32] {
+        let builder = builders().remove(0).embedding_table(table);
+        let mut loader = NativeBackend::loader(&builder, &config).unwrap();
+        let result = file
+            .chunks(4093)
+            .try_for_each(|c| loader.push(c))
+            .and_then(|()| loader.finish().map(drop));
+        assert!(
+            matches!(result, Err(Error::InvalidConfig { .. })),
+            "{table:?}: {result:?}"
+        );
+    }
+}
