@@ -17,6 +17,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use clap::Parser;
 use ruri::Embedder;
 use ruri::candle::DType;
+use ruri::native::EmbeddingTable;
 use ruri::ort::{Graph, Int8Activations, Precision};
 
 /// Side-by-side benchmark runner for ruri's backends.
@@ -37,7 +38,8 @@ struct Args {
     /// fused_int8_x2 (ruri's fused graph from model.safetensors), fused_int8_pertensor
     /// (fused, int8 activations per tensor), native_int8, native_fp32 (ruri's own engine, one
     /// worker per core), native_int8_t1, native_fp32_t1 (one thread), native_int8_plain
-    /// (no outlier channels in f32), candle_f32, candle_bf16.
+    /// (no outlier channels in f32), native_int8_table8, native_fp32_table8 (the token
+    /// embeddings held in int8, per row), candle_f32, candle_bf16.
     #[arg(long, default_value = "ort_int8,ort_fp32")]
     systems: String,
     /// Timed passes over the documents (the median is reported).
@@ -154,18 +156,23 @@ fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn E
             .map(|e| Box::new(e) as Box<dyn Embedder>)
             .map_err(describe)
     };
-    let native_with = |precision: ruri::native::Precision, threads: Option<usize>, outliers| {
-        let mut builder = ruri::native::builder()
-            .precision(precision)
-            .outlier_channels(outliers)
-            .batching(batching);
-        if let Some(t) = threads.or(args.threads) {
-            builder = builder.threads(t);
-        }
-        builder
-            .build_from_dir(model)
-            .map(|e| Box::new(e) as Box<dyn Embedder>)
-            .map_err(describe)
+    let native_table =
+        |precision: ruri::native::Precision, threads: Option<usize>, outliers, table| {
+            let mut builder = ruri::native::builder()
+                .precision(precision)
+                .outlier_channels(outliers)
+                .embedding_table(table)
+                .batching(batching);
+            if let Some(t) = threads.or(args.threads) {
+                builder = builder.threads(t);
+            }
+            builder
+                .build_from_dir(model)
+                .map(|e| Box::new(e) as Box<dyn Embedder>)
+                .map_err(describe)
+        };
+    let native_with = |precision, threads, outliers| {
+        native_table(precision, threads, outliers, EmbeddingTable::F32)
     };
     let native = |precision, threads| native_with(precision, threads, true);
     match system {
@@ -185,6 +192,18 @@ fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn E
         "native_int8_t1" => native(ruri::native::Precision::Int8, Some(1)),
         "native_fp32_t1" => native(ruri::native::Precision::Fp32, Some(1)),
         "native_int8_plain" => native_with(ruri::native::Precision::Int8, None, false),
+        "native_int8_table8" => native_table(
+            ruri::native::Precision::Int8,
+            None,
+            true,
+            EmbeddingTable::Int8,
+        ),
+        "native_fp32_table8" => native_table(
+            ruri::native::Precision::Fp32,
+            None,
+            true,
+            EmbeddingTable::Int8,
+        ),
         "candle_f32" => candle(DType::F32),
         "candle_bf16" => candle(DType::BF16),
         other => Err(format!("unknown system {other:?}")),

@@ -1,4 +1,5 @@
-//! The x86 side of ruri-wasm's parity test: the native int8 engine's vector for each item of a
+//! The x86 side of ruri-wasm's parity test: the native int8 engine's vector (with ruri-wasm's
+//! default options: the token-embedding table in int8) for each item of a
 //! reference file (`testdata/generated/reference/ruri-v3-30m-shape.json`, written by
 //! `tools/testdata/generate.sh 30m`), each text alone with its prompt, on one thread; and the
 //! same engine's speed on the benchmark workload (`testdata/generated/bench/`: its 200 queries
@@ -15,7 +16,7 @@
 use std::time::Instant;
 
 use ruri_core::{EmbedOptions, Task};
-use ruri_native::Precision;
+use ruri_native::{EmbeddingTable, Precision};
 use serde_json::{Value, json};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -33,8 +34,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let items = reference["items"]
         .as_array()
         .ok_or("no items in the reference")?;
+    // ruri-wasm's defaults: int8, the token-embedding table in int8 per row.
     let embedder = ruri_native::builder()
         .precision(Precision::Int8)
+        .embedding_table(EmbeddingTable::Int8)
         .threads(1)
         .build_from_dir(model)?;
     let mut vectors = Vec::new();

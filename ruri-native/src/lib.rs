@@ -73,9 +73,11 @@ mod kernels;
 mod linear;
 mod math;
 mod model;
+mod stream;
 mod weights;
 
 pub use kernels::Kernel;
+pub use stream::Loader;
 
 /// The int8 GEMM alone, for the kernel benchmarks (`benches/kernels.rs`); not a stable API.
 #[doc(hidden)]
@@ -156,6 +158,7 @@ use ruri_core::{
     Whitespace,
 };
 
+use model::LoadOptions;
 use model::{Model, Packed, bad_id};
 use weights::Safetensors;
 
@@ -183,6 +186,26 @@ impl std::fmt::Display for Precision {
     }
 }
 
+/// How the token-embedding table is held (102,400 × 256 for Ruri v3: 105 MB in f32).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum EmbeddingTable {
+    /// The checkpoint's rows as they are, in f32 (default): read a row per token from the
+    /// file when loaded from a folder or from bytes (the table is not held), held whole when
+    /// streamed with [`NativeBackend::loader`].
+    #[default]
+    F32,
+    /// Each row quantized at load, symmetric 8-bit per row (`s = max|row| / 127`, rounded
+    /// as the int8 activations are), and dequantized (`q · s`, in f32) when a token is
+    /// embedded: held as `vocab × hidden` bytes and one scale a row (26 MB for Ruri v3),
+    /// with no file to read. The same bits on every platform. Its cost against
+    /// sentence-transformers fp32 at the four Ruri v3 shapes (`tests/shapes.rs`): min
+    /// cosine 0.99998 with the fp32 encoder, 0.99970 with the int8 one (0.99975 with the
+    /// f32 table); on the 30m-shape benchmark model, int8, 0.99794 (0.99935 with the f32
+    /// table; BENCHMARKS.md). ruri-wasm's default.
+    Int8,
+}
+
 /// Starts a builder of a [`TextEmbedder`] on the native engine (`ruri::native::builder()`).
 pub fn builder() -> NativeBuilder {
     NativeBuilder::default()
@@ -199,6 +222,7 @@ pub struct NativeBuilder {
     outliers: Option<bool>,
     batching: Option<BatchOptions>,
     whitespace: Whitespace,
+    table: EmbeddingTable,
 }
 
 impl NativeBuilder {
@@ -232,6 +256,12 @@ impl NativeBuilder {
     /// Batch limits of the pipeline (default: [`BatchOptions::default`]).
     pub fn batching(mut self, batching: BatchOptions) -> Self {
         self.batching = Some(batching);
+        self
+    }
+
+    /// How the token-embedding table is held (default [`EmbeddingTable::F32`]).
+    pub fn embedding_table(mut self, table: EmbeddingTable) -> Self {
+        self.table = table;
         self
     }
 
@@ -286,12 +316,21 @@ impl NativeBackend {
         Self::prepare(&config, safetensors, builder, label)
     }
 
-    fn prepare(
-        config: &ruri_core::ModelConfig,
-        safetensors: Safetensors,
-        builder: &NativeBuilder,
-        weights: PathBuf,
-    ) -> Result<Self> {
+    /// Starts a backend from a `config.json` text, to be fed the bytes of
+    /// `model.safetensors` in order, in chunks of any size ([`Loader::push`]), and made by
+    /// [`Loader::finish`]: each tensor is prepared as soon as its bytes are in and then
+    /// dropped, so the file is never held whole (WebAssembly hosts stream it). The same
+    /// prepared weights, and the same errors, as [`from_bytes`](Self::from_bytes) with the
+    /// same builder.
+    pub fn loader(builder: &NativeBuilder, config_json: &str) -> Result<Loader> {
+        let config = ruri_core::ModelConfig::from_json_str(config_json, "config.json")?;
+        check_config(&config, Path::new("config.json"))?;
+        let (options, threads) = Self::options(builder)?;
+        Ok(Loader::new(config, options, threads, builder.precision))
+    }
+
+    /// The builder's options, checked, and its worker threads.
+    fn options(builder: &NativeBuilder) -> Result<(LoadOptions, usize)> {
         let kernel = match builder.kernel {
             Some(kernel) => {
                 kernel.ensure_available("kernel")?;
@@ -310,13 +349,32 @@ impl NativeBackend {
             Some(n) => n,
             None => std::thread::available_parallelism().map_or(1, |n| n.get()),
         };
-        let model = Model::load(
-            config,
-            safetensors,
-            builder.precision,
+        let options = LoadOptions {
+            precision: builder.precision,
             kernel,
-            builder.outliers.unwrap_or(true),
-        )?;
+            outliers: builder.outliers.unwrap_or(true),
+            table: builder.table,
+        };
+        Ok((options, threads))
+    }
+
+    fn prepare(
+        config: &ruri_core::ModelConfig,
+        safetensors: Safetensors,
+        builder: &NativeBuilder,
+        weights: PathBuf,
+    ) -> Result<Self> {
+        let (options, threads) = Self::options(builder)?;
+        let model = Model::load(config, safetensors, options)?;
+        Self::with_model(model, threads, weights, builder.precision)
+    }
+
+    fn with_model(
+        model: Model,
+        threads: usize,
+        weights: PathBuf,
+        precision: Precision,
+    ) -> Result<Self> {
         let pool = if threads > 1 {
             Some(
                 rayon::ThreadPoolBuilder::new()
@@ -336,7 +394,7 @@ impl NativeBackend {
             model,
             pool,
             weights,
-            precision: builder.precision,
+            precision,
         })
     }
 

@@ -7,12 +7,12 @@ use std::ops::Range;
 use ruri_core::config::AttentionKind;
 use ruri_core::{Error, ModelConfig, Result};
 
-use crate::Precision;
 use crate::attention::{AttentionScratch, Head, attend_head};
 use crate::kernels::Kernel;
 use crate::kernels::simd_f32;
-use crate::linear::{Linear, LinearScratch, detect_outliers, detect_writers};
+use crate::linear::{Linear, LinearScratch, detect_outliers, detect_writers, quantize_row};
 use crate::weights::Safetensors;
+use crate::{EmbeddingTable, Precision};
 
 /// Rows of the MLP processed together: their intermediate activations stay in cache.
 const MLP_CHUNK: usize = 64;
@@ -129,15 +129,318 @@ fn permute_columns(w: &mut [f32], k: usize, units: &[usize]) {
     }
 }
 
+/// The token-embedding table's tensor.
+pub(crate) const EMBEDDINGS: &str = "embeddings.tok_embeddings.weight";
+
+/// How the prepared weights are made (from the builder).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LoadOptions {
+    pub(crate) precision: Precision,
+    pub(crate) kernel: Kernel,
+    pub(crate) outliers: bool,
+    pub(crate) table: EmbeddingTable,
+}
+
+/// The token-embedding table as the model holds it.
+#[derive(Debug)]
+enum Table {
+    /// Not held: read a row per token from the file when a call needs it (102,400 × 256
+    /// f32 would be 105 MB, and a cache of the rows a workload touches grows to tens of
+    /// MB); the operating system's page cache keeps the file's hot pages, outside this
+    /// process's memory.
+    Source(Safetensors),
+    /// Held in f32 (a streamed file leaves nothing to read rows from).
+    F32(Vec<f32>),
+    /// [`EmbeddingTable::Int8`]: row `r` is `q[r·h..(r+1)·h] · scales[r]`.
+    Int8 { q: Vec<i8>, scales: Vec<f32> },
+}
+
+/// One layer's tensors as they are prepared, in any order.
+#[derive(Debug, Default)]
+struct LayerParts {
+    attn_norm: Option<Vec<f32>>,
+    wqkv: Option<Linear>,
+    wo: Option<Linear>,
+    mlp_norm: Option<Vec<f32>>,
+    wi: Option<Linear>,
+    /// `mlp.Wi` received before `mlp.Wo` gave the order of its units: held until then.
+    wi_raw: Option<Vec<f32>>,
+    /// The order of the MLP's units, once `mlp.Wo` was seen (`Some(None)`: unchanged).
+    units: Option<Option<Vec<usize>>>,
+    mlp_wo: Option<Linear>,
+}
+
+/// Prepares the model's tensors one at a time, in whatever order they come (the order of
+/// `Model::load`'s reads, or a streamed file's), dropping each fp32 tensor once prepared.
+#[derive(Debug)]
+pub(crate) struct Assembler {
+    config: ModelConfig,
+    options: LoadOptions,
+    /// One int8 buffer for every layer's weights while they are prepared.
+    q: Vec<i8>,
+    emb_norm: Option<Vec<f32>>,
+    final_norm: Option<Vec<f32>>,
+    layers: Vec<LayerParts>,
+    /// The table's rows received so far (f32, or int8 and scales).
+    table_f32: Vec<f32>,
+    table_q: Vec<i8>,
+    table_scales: Vec<f32>,
+}
+
+impl Assembler {
+    pub(crate) fn new(config: &ModelConfig, options: LoadOptions) -> Self {
+        Self {
+            config: config.clone(),
+            options,
+            q: Vec::new(),
+            emb_norm: None,
+            final_norm: None,
+            layers: (0..config.num_hidden_layers)
+                .map(|_| LayerParts::default())
+                .collect(),
+            table_f32: Vec::new(),
+            table_q: Vec::new(),
+            table_scales: Vec::new(),
+        }
+    }
+
+    fn invalid(reason: String) -> Error {
+        Error::InvalidConfig {
+            path: "model.safetensors".into(),
+            reason,
+        }
+    }
+
+    /// One whole tensor of [`ModelConfig::checkpoint_tensors`] but the embedding table (name
+    /// without the checkpoint's prefix, shape checked), in `w` (left in any state).
+    pub(crate) fn tensor(&mut self, name: &str, w: &mut Vec<f32>) -> Result<()> {
+        match name {
+            "embeddings.norm.weight" => self.emb_norm = Some(w.clone()),
+            "final_norm.weight" => self.final_norm = Some(w.clone()),
+            _ => {
+                let (n, rest) = name
+                    .strip_prefix("layers.")
+                    .and_then(|r| r.split_once('.'))
+                    .and_then(|(n, rest)| Some((n.parse::<usize>().ok()?, rest)))
+                    .filter(|&(n, _)| n < self.layers.len())
+                    .ok_or_else(|| Self::invalid(format!("unexpected tensor {name}")))?;
+                self.layer_tensor(n, rest, w)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn layer_tensor(&mut self, n: usize, rest: &str, w: &mut Vec<f32>) -> Result<()> {
+        let (h, i) = (self.config.hidden_size, self.config.intermediate_size);
+        let LoadOptions {
+            precision,
+            outliers,
+            ..
+        } = self.options;
+        match rest {
+            "attn_norm.weight" => self.layers[n].attn_norm = Some(w.clone()),
+            "mlp_norm.weight" => self.layers[n].mlp_norm = Some(w.clone()),
+            // The norm-fed layers may read a massive-activation channel; the others read
+            // attention outputs and GeGLU products.
+            "attn.Wqkv.weight" => self.layers[n].wqkv = Some(self.linear(w, 3 * h, h, true, None)),
+            "attn.Wo.weight" => self.layers[n].wo = Some(self.linear(w, h, h, false, None)),
+            "mlp.Wo.weight" => {
+                // The MLP's writer units (see `detect_writers`) moved after the others, so
+                // that both groups of Wo's input are contiguous and read in place: the same
+                // sums (integer, and each group's max), in another order of units.
+                let units = if precision == Precision::Int8 && outliers {
+                    let writers = detect_writers(w, h, i);
+                    (!writers.is_empty()).then(|| {
+                        let mut is_writer = vec![false; i];
+                        writers.iter().for_each(|&u| is_writer[u] = true);
+                        let mut order: Vec<usize> = (0..i).filter(|&u| !is_writer[u]).collect();
+                        order.extend(writers);
+                        order
+                    })
+                } else {
+                    None
+                };
+                let wo = self.linear(w, h, i, false, units.as_deref());
+                self.layers[n].mlp_wo = Some(wo);
+                if let Some(mut raw) = self.layers[n].wi_raw.take() {
+                    self.layers[n].wi =
+                        Some(self.linear(&mut raw, 2 * i, h, true, units.as_deref()));
+                }
+                self.layers[n].units = Some(units);
+            }
+            "mlp.Wi.weight" => match self.layers[n].units.take() {
+                Some(units) => {
+                    self.layers[n].wi = Some(self.linear(w, 2 * i, h, true, units.as_deref()));
+                    self.layers[n].units = Some(units);
+                }
+                None => self.layers[n].wi_raw = Some(std::mem::take(w)),
+            },
+            _ => {
+                return Err(Self::invalid(format!(
+                    "unexpected tensor layers.{n}.{rest}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// `n × k` weights `w` prepared as `Linear`. `reads_norm`: a layer fed by a LayerNorm
+    /// (outlier input channels in f32); else a layer whose writer columns, if any, get an
+    /// int8 product of their own. `units`: for the MLP, the order of its intermediate
+    /// units, applied to Wi's rows (both halves) and to Wo's columns.
+    fn linear(
+        &mut self,
+        w: &mut [f32],
+        n: usize,
+        k: usize,
+        reads_norm: bool,
+        units: Option<&[usize]>,
+    ) -> Linear {
+        let LoadOptions {
+            precision,
+            kernel,
+            outliers,
+            ..
+        } = self.options;
+        let q = &mut self.q;
+        if let Some(units) = units {
+            if reads_norm {
+                permute_rows(w, k, units);
+            } else {
+                permute_columns(w, k, units);
+            }
+        }
+        match precision {
+            Precision::Fp32 => Linear::fp32(w, n, k),
+            Precision::Int8 if outliers && !reads_norm => {
+                let writers = detect_writers(w, n, k);
+                if writers.is_empty() {
+                    Linear::int8(kernel, w, n, k, Vec::new(), q)
+                } else {
+                    Linear::int8_split(kernel, w, n, k, writers, q)
+                }
+            }
+            Precision::Int8 => {
+                let found = if outliers && reads_norm {
+                    detect_outliers(w, n, k)
+                } else {
+                    Vec::new()
+                };
+                Linear::int8(kernel, w, n, k, found, q)
+            }
+        }
+    }
+
+    /// The next whole rows of the token-embedding table, in order.
+    pub(crate) fn embedding_rows(&mut self, rows: &[f32]) -> Result<()> {
+        let (h, vocab) = (self.config.hidden_size, self.config.vocab_size);
+        // The whole table's size at once (no copy as it grows), fallibly: a streamed
+        // header may claim more than the memory there is.
+        let too_large = || {
+            Self::invalid(format!(
+                "the tensor {EMBEDDINGS} ({vocab} × {h}) does not fit in memory"
+            ))
+        };
+        let cells = vocab.checked_mul(h).ok_or_else(too_large)?;
+        match self.options.table {
+            EmbeddingTable::F32 => {
+                if self.table_f32.is_empty() {
+                    self.table_f32
+                        .try_reserve_exact(cells)
+                        .map_err(|_| too_large())?;
+                }
+                self.table_f32.extend_from_slice(rows);
+            }
+            EmbeddingTable::Int8 => {
+                if self.table_q.is_empty() {
+                    self.table_q
+                        .try_reserve_exact(cells)
+                        .map_err(|_| too_large())?;
+                    self.table_scales
+                        .try_reserve_exact(vocab)
+                        .map_err(|_| too_large())?;
+                }
+                for row in rows.chunks_exact(h) {
+                    let at = self.table_q.len();
+                    self.table_q.resize(at + h, 0);
+                    let s = quantize_row(row, &mut self.table_q[at..]);
+                    self.table_scales.push(s);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The model, once every tensor was received; `source`: the file to read embedding
+    /// rows from (else the table received through [`embedding_rows`](Self::embedding_rows)).
+    pub(crate) fn finish(self, source: Option<Safetensors>) -> Result<Model> {
+        let missing = |what: String| Self::invalid(format!("the tensor {what} was not received"));
+        let (vocab, h) = (self.config.vocab_size, self.config.hidden_size);
+        let table = match (source, self.options.table) {
+            (Some(weights), EmbeddingTable::F32) => Table::Source(weights),
+            (_, EmbeddingTable::F32) if self.table_f32.len() == vocab * h => {
+                Table::F32(self.table_f32)
+            }
+            (_, EmbeddingTable::Int8) if self.table_scales.len() == vocab => Table::Int8 {
+                q: self.table_q,
+                scales: self.table_scales,
+            },
+            _ => return Err(missing(EMBEDDINGS.into())),
+        };
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for (n, (parts, &kind)) in self
+            .layers
+            .into_iter()
+            .zip(&self.config.layer_types)
+            .enumerate()
+        {
+            let p = |t: &str| format!("layers.{n}.{t}");
+            layers.push(Layer {
+                // Layer 0 has none (transformers' `nn.Identity`).
+                attn_norm: match (n, parts.attn_norm) {
+                    (0, _) => None,
+                    (_, Some(w)) => Some(w),
+                    (_, None) => return Err(missing(p("attn_norm.weight"))),
+                },
+                wqkv: parts.wqkv.ok_or_else(|| missing(p("attn.Wqkv.weight")))?,
+                wo: parts.wo.ok_or_else(|| missing(p("attn.Wo.weight")))?,
+                mlp_norm: parts
+                    .mlp_norm
+                    .ok_or_else(|| missing(p("mlp_norm.weight")))?,
+                wi: parts.wi.ok_or_else(|| missing(p("mlp.Wi.weight")))?,
+                mlp_wo: parts.mlp_wo.ok_or_else(|| missing(p("mlp.Wo.weight")))?,
+                kind,
+            });
+        }
+        let config = &self.config;
+        let head_dim = config.head_dim();
+        let cached = config.max_position_embeddings.min(ROPE_CACHED);
+        let LoadOptions {
+            precision, kernel, ..
+        } = self.options;
+        Ok(Model {
+            emb_norm: self
+                .emb_norm
+                .ok_or_else(|| missing("embeddings.norm.weight".into()))?,
+            final_norm: self
+                .final_norm
+                .ok_or_else(|| missing("final_norm.weight".into()))?,
+            layers,
+            rope_global: Rope::new(config.global_rope_theta, head_dim, cached),
+            rope_local: Rope::new(config.local_rope_theta, head_dim, cached),
+            eps: config.norm_eps as f32,
+            kernel: (precision == Precision::Int8).then_some(kernel),
+            config: self.config,
+            table,
+        })
+    }
+}
+
 /// The whole encoder.
 #[derive(Debug)]
 pub(crate) struct Model {
     config: ModelConfig,
-    /// Also the token-embedding table, read a row per token when a call needs it: the
-    /// table is never held (102,400 × 256 f32 would be 105 MB, and a cache of the rows a
-    /// workload touches grows to tens of MB); the operating system's page cache keeps the
-    /// file's hot pages, outside this process's memory.
-    weights: Safetensors,
+    table: Table,
     emb_norm: Vec<f32>,
     final_norm: Vec<f32>,
     layers: Vec<Layer>,
@@ -167,105 +470,49 @@ impl Packed<'_> {
 }
 
 impl Model {
-    /// Reads and prepares every weight of `weights` (checked against `config`).
+    /// Reads and prepares every weight of `weights` (checked against `config`), in the
+    /// order the [`Assembler`] prepares without holding a tensor back (each layer's `mlp.Wo`
+    /// before its `mlp.Wi`).
     pub(crate) fn load(
         config: &ModelConfig,
         weights: Safetensors,
-        precision: Precision,
-        kernel: Kernel,
-        outliers: bool,
+        options: LoadOptions,
     ) -> Result<Self> {
-        let (h, i) = (config.hidden_size, config.intermediate_size);
-        // One fp32 and one int8 buffer for every layer's weights while they are prepared:
-        // nothing but the prepared weights is left behind (or fragments the heap).
-        let scratch = std::cell::RefCell::new((Vec::<f32>::new(), Vec::<i8>::new()));
-        // `reads_norm`: a layer fed by a LayerNorm (outlier input channels in f32); else a
-        // layer whose writer columns, if any, get an int8 product of their own.
-        // `units`: for the MLP, the order of its intermediate units (see below), applied to
-        // Wi's rows (both halves) and to Wo's columns.
-        let linear = |name: &str,
-                      n: usize,
-                      k: usize,
-                      reads_norm: bool,
-                      units: Option<&[usize]>|
-         -> Result<Linear> {
-            let (w, q) = &mut *scratch.borrow_mut();
-            weights.read_into(name, w)?;
-            if let Some(units) = units {
-                if reads_norm {
-                    permute_rows(w, k, units);
-                } else {
-                    permute_columns(w, k, units);
-                }
-            }
-            Ok(match precision {
-                Precision::Fp32 => Linear::fp32(w, n, k),
-                Precision::Int8 if outliers && !reads_norm => {
-                    let writers = detect_writers(w, n, k);
-                    if writers.is_empty() {
-                        Linear::int8(kernel, w, n, k, Vec::new(), q)
-                    } else {
-                        Linear::int8_split(kernel, w, n, k, writers, q)
-                    }
-                }
-                Precision::Int8 => {
-                    let found = if outliers && reads_norm {
-                        detect_outliers(w, n, k)
-                    } else {
-                        Vec::new()
-                    };
-                    Linear::int8(kernel, w, n, k, found, q)
-                }
-            })
+        let mut assembler = Assembler::new(config, options);
+        // One fp32 buffer for every tensor while it is prepared: nothing but the prepared
+        // weights is left behind (or fragments the heap).
+        let mut w = Vec::new();
+        let mut feed = |name: String, assembler: &mut Assembler| -> Result<()> {
+            weights.read_into(&name, &mut w)?;
+            assembler.tensor(&name, &mut w)
         };
-        let mut layers = Vec::with_capacity(config.num_hidden_layers);
-        for (n, &kind) in config.layer_types.iter().enumerate() {
+        for n in 0..config.num_hidden_layers {
             let p = |t: &str| format!("layers.{n}.{t}");
-            // The MLP's writer units (see `detect_writers`) moved after the others, so that
-            // both groups of Wo's input are contiguous and read in place: the same sums
-            // (integer, and each group's max), in another order of units.
-            let units = if precision == Precision::Int8 && outliers {
-                let wo = weights.read(&p("mlp.Wo.weight"))?;
-                let writers = detect_writers(&wo, h, i);
-                (!writers.is_empty()).then(|| {
-                    let mut is_writer = vec![false; i];
-                    writers.iter().for_each(|&u| is_writer[u] = true);
-                    let mut order: Vec<usize> = (0..i).filter(|&u| !is_writer[u]).collect();
-                    order.extend(writers);
-                    order
-                })
-            } else {
-                None
-            };
-            layers.push(Layer {
-                attn_norm: if n == 0 {
-                    None
-                } else {
-                    Some(weights.read(&p("attn_norm.weight"))?)
-                },
-                // The norm-fed layers may read a massive-activation channel; the others read
-                // attention outputs and GeGLU products.
-                wqkv: linear(&p("attn.Wqkv.weight"), 3 * h, h, true, None)?,
-                wo: linear(&p("attn.Wo.weight"), h, h, false, None)?,
-                mlp_norm: weights.read(&p("mlp_norm.weight"))?,
-                wi: linear(&p("mlp.Wi.weight"), 2 * i, h, true, units.as_deref())?,
-                mlp_wo: linear(&p("mlp.Wo.weight"), h, i, false, units.as_deref())?,
-                kind,
-            });
+            if n > 0 {
+                feed(p("attn_norm.weight"), &mut assembler)?;
+            }
+            feed(p("attn.Wqkv.weight"), &mut assembler)?;
+            feed(p("attn.Wo.weight"), &mut assembler)?;
+            feed(p("mlp_norm.weight"), &mut assembler)?;
+            feed(p("mlp.Wo.weight"), &mut assembler)?;
+            feed(p("mlp.Wi.weight"), &mut assembler)?;
         }
-        let head_dim = config.head_dim();
-        let cached = config.max_position_embeddings.min(ROPE_CACHED);
-        Ok(Self {
-            emb_norm: weights.read("embeddings.norm.weight")?,
-            final_norm: weights.read("final_norm.weight")?,
-            layers,
-            rope_global: Rope::new(config.global_rope_theta, head_dim, cached),
-            rope_local: Rope::new(config.local_rope_theta, head_dim, cached),
-            eps: config.norm_eps as f32,
-            kernel: (precision == Precision::Int8).then_some(kernel),
-            config: config.clone(),
-            weights,
-        })
+        feed("embeddings.norm.weight".into(), &mut assembler)?;
+        feed("final_norm.weight".into(), &mut assembler)?;
+        match options.table {
+            // Read a row per token from `weights` (see `Table::Source`).
+            EmbeddingTable::F32 => assembler.finish(Some(weights)),
+            EmbeddingTable::Int8 => {
+                let (vocab, h) = (config.vocab_size, config.hidden_size);
+                const ROWS: usize = 256;
+                for first in (0..vocab).step_by(ROWS) {
+                    let rows = (vocab - first).min(ROWS);
+                    weights.read_rows_into(EMBEDDINGS, first, rows, &mut w)?;
+                    assembler.embedding_rows(&w[..rows * h])?;
+                }
+                assembler.finish(None)
+            }
+        }
     }
 
     pub(crate) fn hidden(&self) -> usize {
@@ -294,10 +541,23 @@ impl Model {
             .sum()
     }
 
-    /// Row `id` of the token-embedding table, into `row`.
+    /// Row `id` of the token-embedding table, into `row` (`id` checked by the caller).
     fn embedding(&self, id: u32, row: &mut Vec<f32>) -> Result<()> {
-        self.weights
-            .read_rows_into("embeddings.tok_embeddings.weight", id as usize, 1, row)
+        let (id, h) = (id as usize, self.hidden());
+        match &self.table {
+            Table::Source(weights) => weights.read_rows_into(EMBEDDINGS, id, 1, row),
+            Table::F32(t) => {
+                row.clear();
+                row.extend_from_slice(&t[id * h..(id + 1) * h]);
+                Ok(())
+            }
+            Table::Int8 { q, scales } => {
+                row.clear();
+                let s = scales[id];
+                row.extend(q[id * h..(id + 1) * h].iter().map(|&v| f32::from(v) * s));
+                Ok(())
+            }
+        }
     }
 
     /// Mean-pooled (not normalized) vectors of the packed texts into `out`

@@ -15,30 +15,51 @@ use ruri_core::{Error, ModelConfig, Result};
 /// The tensor that tells whether a checkpoint stores its tensors under `model.`.
 const PROBE: &str = "embeddings.tok_embeddings.weight";
 /// Headers larger than this are refused (the 310m model's is 16 KB).
-const MAX_HEADER: u64 = 100 << 20;
+pub(crate) const MAX_HEADER: u64 = 100 << 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Dtype {
+pub(crate) enum Dtype {
     F32,
     F16,
     Bf16,
 }
 
 impl Dtype {
-    fn width(self) -> u64 {
+    pub(crate) fn width(self) -> u64 {
         match self {
             Dtype::F32 => 4,
             Dtype::F16 | Dtype::Bf16 => 2,
         }
     }
+
+    /// Appends the elements of `bytes` (whole elements, little-endian) to `out` as f32.
+    pub(crate) fn decode_into(self, bytes: &[u8], out: &mut Vec<f32>) {
+        match self {
+            Dtype::F32 => out.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            ),
+            Dtype::F16 => out.extend(
+                bytes
+                    .chunks_exact(2)
+                    .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
+            ),
+            Dtype::Bf16 => out.extend(
+                bytes
+                    .chunks_exact(2)
+                    .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+            ),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
-struct Entry {
-    dtype: Dtype,
-    shape: Vec<usize>,
+pub(crate) struct Entry {
+    pub(crate) dtype: Dtype,
+    pub(crate) shape: Vec<usize>,
     /// Absolute byte offset of the data in the file.
-    start: u64,
+    pub(crate) start: u64,
 }
 
 /// Where the bytes come from.
@@ -135,56 +156,35 @@ impl Safetensors {
             .read_at(0, &mut len)
             .map_err(|_| invalid("shorter than a safetensors header".into()))?;
         let header_len = u64::from_le_bytes(len);
-        let data_start = header_len
-            .checked_add(8)
-            .filter(|&end| header_len <= MAX_HEADER && end <= file_len)
-            .ok_or_else(|| {
-                invalid(format!(
-                    "a safetensors header of {header_len} bytes in a file of {file_len} bytes"
-                ))
-            })?;
+        let data_start = data_start(&path, header_len, file_len)?;
         let mut header = vec![0u8; header_len as usize];
         source.read_at(8, &mut header).map_err(|source| Error::Io {
             path: path.clone(),
             source,
         })?;
-        let header: HashMap<String, serde_json::Value> = serde_json::from_slice(&header)
-            .map_err(|e| invalid(format!("the safetensors header is not JSON: {e}")))?;
-        let mut entries = HashMap::new();
-        for (name, value) in header {
-            if name == "__metadata__" {
-                continue;
-            }
-            let entry = parse_entry(&name, &value, data_start, file_len).map_err(invalid)?;
-            if let Some(entry) = entry {
-                entries.insert(name, entry);
-            }
-        }
-        let prefix = if entries.contains_key(PROBE) {
-            ""
-        } else if entries.contains_key(&format!("model.{PROBE}")) {
-            "model."
-        } else {
-            return Err(invalid(format!(
-                "no {PROBE} tensor, with or without a `model.` prefix: not a ModernBERT checkpoint"
-            )));
-        };
+        let (entries, prefix) = parse_header(&path, &header, data_start, file_len)?;
         let this = Self {
             path,
             source,
             entries,
             prefix,
         };
+        this.check_shapes(config)?;
+        Ok(this)
+    }
+
+    /// Every ModernBERT tensor present, with the shape `config` implies.
+    fn check_shapes(&self, config: &ModelConfig) -> Result<()> {
         for (name, shape) in config.checkpoint_tensors() {
-            let entry = this.entry(&name)?;
+            let entry = self.entry(&name)?;
             if entry.shape != shape {
-                return Err(this.invalid(format!(
+                return Err(self.invalid(format!(
                     "the tensor {}{name} has shape {:?} but config.json implies {shape:?}",
-                    this.prefix, entry.shape
+                    self.prefix, entry.shape
                 )));
             }
         }
-        Ok(this)
+        Ok(())
     }
 
     fn invalid(&self, reason: String) -> Error {
@@ -201,13 +201,6 @@ impl Safetensors {
                 "the tensor {full} is missing (or not a float tensor)"
             ))
         })
-    }
-
-    /// A whole tensor as f32, row-major.
-    pub(crate) fn read(&self, name: &str) -> Result<Vec<f32>> {
-        let mut out = Vec::new();
-        self.read_into(name, &mut out)?;
-        Ok(out)
     }
 
     /// A whole tensor as f32, row-major, into `out` (cleared first): a loader that reads
@@ -264,29 +257,80 @@ impl Safetensors {
                     path: self.path.clone(),
                     source,
                 })?;
-            let bytes = &buf[..n];
-            match entry.dtype {
-                Dtype::F32 => out.extend(
-                    bytes
-                        .chunks_exact(4)
-                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-                ),
-                Dtype::F16 => out.extend(
-                    bytes
-                        .chunks_exact(2)
-                        .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
-                ),
-                Dtype::Bf16 => out.extend(
-                    bytes
-                        .chunks_exact(2)
-                        .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
-                ),
-            }
+            entry.dtype.decode_into(&buf[..n], out);
             offset += n as u64;
             left -= n;
         }
         Ok(())
     }
+}
+
+/// Where the data starts after a header of `header_len` bytes, in a file of `file_len`.
+pub(crate) fn data_start(path: &Path, header_len: u64, file_len: u64) -> Result<u64> {
+    header_len
+        .checked_add(8)
+        .filter(|&end| header_len <= MAX_HEADER && end <= file_len)
+        .ok_or_else(|| Error::InvalidConfig {
+            path: path.to_path_buf(),
+            reason: format!(
+                "a safetensors header of {header_len} bytes in a file of {file_len} bytes"
+            ),
+        })
+}
+
+/// The header's float tensors (each checked to fit a file of `file_len` bytes), the
+/// checkpoint's prefix, and every ModernBERT tensor checked against `config`: the checks
+/// [`Safetensors`] makes, for a loader that receives the file as a stream.
+pub(crate) fn parse_header_for(
+    path: &Path,
+    header: &[u8],
+    data_start: u64,
+    file_len: u64,
+    config: &ModelConfig,
+) -> Result<(HashMap<String, Entry>, &'static str)> {
+    let (entries, prefix) = parse_header(path, header, data_start, file_len)?;
+    let this = Safetensors {
+        path: path.to_path_buf(),
+        source: Source::Bytes(Arc::from(&[][..])),
+        entries,
+        prefix,
+    };
+    this.check_shapes(config)?;
+    Ok((this.entries, this.prefix))
+}
+
+fn parse_header(
+    path: &Path,
+    header: &[u8],
+    data_start: u64,
+    file_len: u64,
+) -> Result<(HashMap<String, Entry>, &'static str)> {
+    let invalid = |reason: String| Error::InvalidConfig {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let header: HashMap<String, serde_json::Value> = serde_json::from_slice(header)
+        .map_err(|e| invalid(format!("the safetensors header is not JSON: {e}")))?;
+    let mut entries = HashMap::new();
+    for (name, value) in header {
+        if name == "__metadata__" {
+            continue;
+        }
+        let entry = parse_entry(&name, &value, data_start, file_len).map_err(invalid)?;
+        if let Some(entry) = entry {
+            entries.insert(name, entry);
+        }
+    }
+    let prefix = if entries.contains_key(PROBE) {
+        ""
+    } else if entries.contains_key(&format!("model.{PROBE}")) {
+        "model."
+    } else {
+        return Err(invalid(format!(
+            "no {PROBE} tensor, with or without a `model.` prefix: not a ModernBERT checkpoint"
+        )));
+    };
+    Ok((entries, prefix))
 }
 
 /// One header entry: `None` for a tensor of a dtype ModernBERT never has (fine as long as

@@ -14,19 +14,20 @@
 //! * **The same vectors as the native engine on x86**: the int8 scheme is the same and every
 //!   float step is plain IEEE arithmetic in the same order (ruri-native's crate docs), so a
 //!   text's int8 vector has the same bits here (`tests/parity.mjs` checks it).
-//! * **Weights copied once**: the safetensors bytes go from the JavaScript `Uint8Array`
-//!   straight into the buffer the engine reads in place; the caller may drop its array
-//!   after the constructor returns.
+//! * **The file never whole in linear memory**: the safetensors bytes are read a slice
+//!   at a time and each tensor is prepared as soon as its bytes are in ([`EmbedderLoader`]
+//!   takes them as a stream, e.g. a `fetch` body; [`Embedder::new`] from one array). The
+//!   token-embedding table is held in int8 per row by default (`embeddingTable: "int8"`,
+//!   26 MB for Ruri v3 instead of 105): the x86 engine gives the same bits with
+//!   `ruri_native::builder().embedding_table(EmbeddingTable::Int8)`.
 //! * **Errors** are JavaScript `Error`s named `RuriError`, with ruri's message (the cause chain
 //!   included) and the variant of `ruri_core::Error` in `kind`.
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
-use std::sync::Arc;
-
 use ruri_core::{Error, ModelConfig, Prompts, TextEmbedder, Tokenizer};
-use ruri_native::{Kernel, NativeBuilder, Precision};
+use ruri_native::{EmbeddingTable, Kernel, NativeBuilder, Precision};
 use wasm_bindgen::prelude::*;
 
 /// A Ruri v3 embedder on ruri's native engine (int8 by default).
@@ -42,8 +43,12 @@ impl Embedder {
     /// `tokenizer.json`; `weights`: the bytes of `model.safetensors` (a `Uint8Array`, or an
     /// `ArrayBuffer`). Options (all optional):
     /// `kernel` (`"simd128"` or `"scalar"`; default simd128), `precision` (`"int8"` or
-    /// `"fp32"`; default int8), `maxLength` (tokens, special ones included; default the
-    /// model's `max_position_embeddings`, as sentence-transformers' 8192 for Ruri v3).
+    /// `"fp32"`; default int8), `embeddingTable` (`"int8"`: each row of the token-embedding
+    /// table quantized at load, 8-bit per row, dequantized per token; `"f32"`: held as the
+    /// checkpoint's values, 4× the memory; default int8), `maxLength` (tokens, special ones
+    /// included; default the model's `max_position_embeddings`, as sentence-transformers'
+    /// 8192 for Ruri v3). The bytes are read a slice at a time, as [`EmbedderLoader`]
+    /// reads them: drop your array after the constructor returns.
     #[wasm_bindgen(constructor)]
     pub fn new(
         config_json: &str,
@@ -51,65 +56,9 @@ impl Embedder {
         weights: JsValue,
         options: Option<js_sys::Object>,
     ) -> Result<Embedder, JsValue> {
-        let options = Options::read(options.as_ref()).map_err(to_js)?;
-        let weights = if let Some(buffer) = weights.dyn_ref::<js_sys::ArrayBuffer>() {
-            js_sys::Uint8Array::new(buffer)
-        } else {
-            weights
-                .dyn_into::<js_sys::Uint8Array>()
-                .map_err(|_| Error::InvalidOption {
-                    name: "weights",
-                    value: "not a Uint8Array or ArrayBuffer".into(),
-                    reason: "pass the bytes of model.safetensors",
-                })
-                .map_err(to_js)?
-        };
-        let mut builder = NativeBuilder::default()
-            .precision(options.precision)
-            .threads(1);
-        if let Some(kernel) = options.kernel {
-            builder = builder.kernel(kernel);
-        }
-        let config = ModelConfig::from_json_str(config_json, "config.json").map_err(to_js)?;
-        let max_length = options.max_length.unwrap_or(config.max_position_embeddings);
-        let tokenizer = Tokenizer::from_json(tokenizer_json.as_bytes(), max_length, None)
-            .map_err(|source| match source {
-                ruri_core::tokenize::TokenizeError::InvalidTokenizer { .. } => {
-                    Error::InvalidTokenizer {
-                        path: "tokenizer.json".into(),
-                        source,
-                    }
-                }
-                other => Error::Tokenizer(other),
-            })
-            .map_err(to_js)?;
-        if tokenizer.pad_id() != config.pad_token_id {
-            return Err(to_js(Error::InvalidConfig {
-                path: "config.json".into(),
-                reason: format!(
-                    "pad_token_id is {} but the tokenizer pads with id {} (<pad>)",
-                    config.pad_token_id,
-                    tokenizer.pad_id()
-                ),
-            }));
-        }
-        let backend =
-            ruri_native::NativeBackend::from_bytes(&builder, config_json, copy_once(&weights))
-                .map_err(to_js)?;
-        let kernel = backend.kernel();
-        if backend_dim(&backend) != config.hidden_size {
-            return Err(to_js(Error::InvalidConfig {
-                path: "config.json".into(),
-                reason: format!(
-                    "hidden_size {} but the model's vectors have {} dimensions",
-                    config.hidden_size,
-                    backend_dim(&backend)
-                ),
-            }));
-        }
-        let inner =
-            TextEmbedder::new(tokenizer, Prompts::default(), backend, None).map_err(to_js)?;
-        Ok(Embedder { inner, kernel })
+        let mut loader = EmbedderLoader::new(config_json, tokenizer_json, options)?;
+        loader.push(weights)?;
+        loader.finish()
     }
 
     /// A search query (prefixed `"検索クエリ: "`), L2-normalized.
@@ -185,6 +134,130 @@ impl Embedder {
     }
 }
 
+/// An [`Embedder`] made from `model.safetensors` fed in order, in chunks of any size (a
+/// `fetch` body or an R2 object read as a stream): each tensor is prepared as soon as its
+/// bytes are in, so the file never sits whole in linear memory.
+///
+/// ```js
+/// const loader = new EmbedderLoader(configJson, tokenizerJson, options);
+/// for await (const chunk of response.body) loader.push(chunk);
+/// const embedder = loader.finish();
+/// ```
+#[wasm_bindgen]
+pub struct EmbedderLoader {
+    /// `None` once finished.
+    loader: Option<(ruri_native::Loader, Tokenizer)>,
+    hidden: usize,
+}
+
+#[wasm_bindgen]
+impl EmbedderLoader {
+    /// The arguments of [`Embedder::new`] but the weights; the same options.
+    #[wasm_bindgen(constructor)]
+    pub fn new(
+        config_json: &str,
+        tokenizer_json: &str,
+        options: Option<js_sys::Object>,
+    ) -> Result<EmbedderLoader, JsValue> {
+        let options = Options::read(options.as_ref()).map_err(to_js)?;
+        let mut builder = NativeBuilder::default()
+            .precision(options.precision)
+            .embedding_table(options.table)
+            .threads(1);
+        if let Some(kernel) = options.kernel {
+            builder = builder.kernel(kernel);
+        }
+        let config = ModelConfig::from_json_str(config_json, "config.json").map_err(to_js)?;
+        let max_length = options.max_length.unwrap_or(config.max_position_embeddings);
+        let tokenizer = Tokenizer::from_json(tokenizer_json.as_bytes(), max_length, None)
+            .map_err(|source| match source {
+                ruri_core::tokenize::TokenizeError::InvalidTokenizer { .. } => {
+                    Error::InvalidTokenizer {
+                        path: "tokenizer.json".into(),
+                        source,
+                    }
+                }
+                other => Error::Tokenizer(other),
+            })
+            .map_err(to_js)?;
+        if tokenizer.pad_id() != config.pad_token_id {
+            return Err(to_js(Error::InvalidConfig {
+                path: "config.json".into(),
+                reason: format!(
+                    "pad_token_id is {} but the tokenizer pads with id {} (<pad>)",
+                    config.pad_token_id,
+                    tokenizer.pad_id()
+                ),
+            }));
+        }
+        let loader = ruri_native::NativeBackend::loader(&builder, config_json).map_err(to_js)?;
+        Ok(EmbedderLoader {
+            loader: Some((loader, tokenizer)),
+            hidden: config.hidden_size,
+        })
+    }
+
+    /// The next bytes of `model.safetensors` (a `Uint8Array` or an `ArrayBuffer`), copied
+    /// into linear memory a slice at a time.
+    pub fn push(&mut self, chunk: JsValue) -> Result<(), JsValue> {
+        let chunk = if let Some(buffer) = chunk.dyn_ref::<js_sys::ArrayBuffer>() {
+            js_sys::Uint8Array::new(buffer)
+        } else {
+            chunk
+                .dyn_into::<js_sys::Uint8Array>()
+                .map_err(|_| Error::InvalidOption {
+                    name: "weights",
+                    value: "not a Uint8Array or ArrayBuffer".into(),
+                    reason: "pass the bytes of model.safetensors",
+                })
+                .map_err(to_js)?
+        };
+        let (loader, _) = self.loader.as_mut().ok_or_else(|| to_js(finished()))?;
+        // A large chunk (a whole file) is copied in slices: only one slice is in linear
+        // memory at a time.
+        const SLICE: u32 = 1 << 20;
+        let mut buf = vec![0u8; chunk.length().min(SLICE) as usize];
+        let mut at = 0;
+        while at < chunk.length() {
+            let end = chunk.length().min(at + SLICE);
+            let part = &mut buf[..(end - at) as usize];
+            chunk.subarray(at, end).copy_to(part);
+            loader.push(part).map_err(to_js)?;
+            at = end;
+        }
+        Ok(())
+    }
+
+    /// The embedder, once the whole file was pushed (a file cut short is
+    /// `InvalidConfig`, as for [`Embedder::new`]). The loader is spent after it.
+    pub fn finish(&mut self) -> Result<Embedder, JsValue> {
+        let (loader, tokenizer) = self.loader.take().ok_or_else(|| to_js(finished()))?;
+        let backend = loader.finish().map_err(to_js)?;
+        let kernel = backend.kernel();
+        if backend_dim(&backend) != self.hidden {
+            return Err(to_js(Error::InvalidConfig {
+                path: "config.json".into(),
+                reason: format!(
+                    "hidden_size {} but the model's vectors have {} dimensions",
+                    self.hidden,
+                    backend_dim(&backend)
+                ),
+            }));
+        }
+        let inner =
+            TextEmbedder::new(tokenizer, Prompts::default(), backend, None).map_err(to_js)?;
+        Ok(Embedder { inner, kernel })
+    }
+}
+
+fn finished() -> Error {
+    Error::InvalidOption {
+        name: "EmbedderLoader",
+        value: "finished".into(),
+        reason: "finish() was called already, or a push failed",
+    }
+}
+
 /// `C = A · Wᵀ` on the named int8 kernel (`a`: `m × k`, `w`: `n × k`, row-major), for the
 /// test that checks each kernel against a sum computed in JavaScript. Not a stable API.
 #[doc(hidden)]
@@ -243,6 +316,7 @@ fn parse_task(name: Option<&str>) -> ruri_core::Result<ruri_core::Task> {
 struct Options {
     kernel: Option<Kernel>,
     precision: Precision,
+    table: EmbeddingTable,
     max_length: Option<usize>,
 }
 
@@ -251,6 +325,8 @@ impl Options {
         let mut options = Options {
             kernel: None,
             precision: Precision::Int8,
+            // 26 MB instead of 105 for Ruri v3, and nothing to read rows from.
+            table: EmbeddingTable::Int8,
             max_length: None,
         };
         let Some(object) = object else {
@@ -268,6 +344,19 @@ impl Options {
                         name: "precision",
                         value: name,
                         reason: "known: int8, fp32",
+                    });
+                }
+            };
+        }
+        if let Some(name) = string_option(object, "embeddingTable")? {
+            options.table = match name.as_str() {
+                "int8" => EmbeddingTable::Int8,
+                "f32" => EmbeddingTable::F32,
+                _ => {
+                    return Err(Error::InvalidOption {
+                        name: "embeddingTable",
+                        value: name,
+                        reason: "known: int8, f32",
                     });
                 }
             };
@@ -309,16 +398,6 @@ fn string_option(object: &js_sys::Object, key: &'static str) -> ruri_core::Resul
 
 fn backend_dim(backend: &ruri_native::NativeBackend) -> usize {
     ruri_core::Backend::dim(backend)
-}
-
-/// The JavaScript bytes copied once, into the buffer the engine keeps (a `&[u8]` argument
-/// would copy them into linear memory, and `Arc::from` a second time).
-fn copy_once(array: &js_sys::Uint8Array) -> Arc<[u8]> {
-    // `repeat_n` knows its length, so the Arc is allocated once at its final size.
-    let mut bytes: Arc<[u8]> = std::iter::repeat_n(0u8, array.length() as usize).collect();
-    let slice = Arc::get_mut(&mut bytes).expect("a fresh Arc has no other owner");
-    array.copy_to(slice);
-    bytes
 }
 
 /// A ruri error as a JavaScript `Error` named `RuriError`: the message with its causes, and

@@ -72,6 +72,37 @@ test("embedQuery and embedDocuments add the prompts and keep the order; a batch 
   });
 });
 
+function streamed(chunk, options) {
+  const loader = new ruri.EmbedderLoader(files.config, files.tokenizer, options);
+  for (let at = 0; at < files.weights.length; at += chunk) {
+    loader.push(files.weights.subarray(at, at + chunk));
+  }
+  return loader.finish();
+}
+
+test("streamed in chunks (EmbedderLoader), the same bits as from one array", () => {
+  // Odd sizes straddle the header and the tensors; 2 MiB ones are copied in 1 MiB slices.
+  for (const chunk of [65521, 2 << 20]) {
+    const e = streamed(chunk);
+    for (const item of reference.items.slice(0, 8)) {
+      assert.deepStrictEqual(Array.from(alone(e, item)), Array.from(alone(embedder, item)), `${chunk}: ${item.id}`);
+    }
+    e.free();
+  }
+});
+
+test("embeddingTable: f32 moves the vectors, within the int8 bound", () => {
+  const f32 = streamed(1 << 20, { embeddingTable: "f32" });
+  let moved = 0;
+  for (const item of reference.items) {
+    const got = alone(f32, item);
+    if (!got.every((v, i) => v === alone(embedder, item)[i])) moved++;
+    assert.ok(cosine(got, item.st_fp32.normalized) >= INT8_MIN_COSINE, item.id);
+  }
+  assert.ok(moved > 0, "the f32 table gave the int8 table's bits");
+  f32.free();
+});
+
 test("the scalar kernel gives the same bits", () => {
   const scalar = new ruri.Embedder(files.config, files.tokenizer, files.weights, { kernel: "scalar" });
   assert.equal(scalar.kernel, "scalar");
@@ -104,6 +135,25 @@ test("bad input is a RuriError with ruri's message, never a crash", () => {
     /kernel/,
   );
   expectError(() => embedder.embed(["x"], "poem"), "InvalidOption", /task/);
+  expectError(
+    () => new ruri.Embedder(files.config, files.tokenizer, files.weights, { embeddingTable: "fp16" }),
+    "InvalidOption",
+    /embeddingTable/,
+  );
+  // A stream cut short fails in finish(), as the same bytes in one array fail.
+  const cut = new ruri.EmbedderLoader(files.config, files.tokenizer);
+  cut.push(files.weights.subarray(0, files.weights.length - 1));
+  expectError(() => cut.finish(), "InvalidConfig", /model\.safetensors.*does not fit/s);
+  expectError(
+    () => new ruri.Embedder(files.config, files.tokenizer, files.weights.subarray(0, files.weights.length - 1)),
+    "InvalidConfig",
+    /does not fit/,
+  );
+  expectError(() => cut.finish(), "InvalidOption", /finish/);
+  expectError(() => cut.push(new Uint8Array(4)), "InvalidOption", /finish/);
+  const broken = new ruri.EmbedderLoader(files.config, files.tokenizer);
+  expectError(() => broken.push(new Uint8Array([4, 0, 0, 0, 0, 0, 0, 0, 123, 110, 111, 33])), "InvalidConfig", /not JSON/);
+  expectError(() => broken.push("bytes"), "InvalidOption", /weights/);
   for (const maxLength of [0, 2.5, "8"]) {
     expectError(
       () => new ruri.Embedder(files.config, files.tokenizer, files.weights, { maxLength }),

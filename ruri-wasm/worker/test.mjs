@@ -3,7 +3,7 @@
 // row then 50 concurrent without an error, OpenAI's shape and error shape; and the figures:
 // load (the first request: instantiate, Embedder, first vector, answered), per-request latency, the isolate's linear memory
 // (GET /stats) and workerd's resident memory (VmRSS/VmHWM, which also counts the runtime and
-// the model module). Run: `node test.mjs` after tools/wasm/build.sh and `npm install`.
+// the weights it streamed). Run: `node test.mjs` after tools/wasm/build.sh and `npm install`.
 import { spawn } from "node:child_process";
 import { mkdtempSync, mkdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -25,10 +25,14 @@ const stage = mkdtempSync(join(tmpdir(), "ruri-worker-"));
 mkdirSync(join(stage, "model"));
 symlinkSync(join(here, "src", "worker.js"), join(stage, "worker.js"));
 for (const f of ["ruri_wasm.js", "ruri_wasm_bg.wasm"]) symlinkSync(join(here, "..", "pkg", "web", f), join(stage, f));
-for (const f of ["config.json", "tokenizer.json", "model.safetensors"]) symlinkSync(resolve(modelDir, f), join(stage, "model", f));
+for (const f of ["config.json", "tokenizer.json"]) symlinkSync(resolve(modelDir, f), join(stage, "model", f));
 writeFileSync(join(stage, "config.capnp"), `using Workerd = import "/workerd/workerd.capnp";
 const config :Workerd.Config = (
-  services = [(name = "main", worker = .worker)],
+  services = [
+    (name = "main", worker = .worker),
+    # model.safetensors over HTTP, which the Worker streams (as it would an R2 object).
+    (name = "weights", disk = (path = "${resolve(modelDir)}", writable = false)),
+  ],
   sockets = [(name = "http", address = "127.0.0.1:${port}", http = (), service = "main")],
 );
 const worker :Workerd.Worker = (
@@ -38,9 +42,9 @@ const worker :Workerd.Worker = (
     (name = "ruri_wasm_bg.wasm", wasm = embed "ruri_wasm_bg.wasm"),
     (name = "model/config.json", text = embed "model/config.json"),
     (name = "model/tokenizer.json", text = embed "model/tokenizer.json"),
-    (name = "model/model.safetensors", data = embed "model/model.safetensors"),
   ],
   compatibilityDate = "2025-01-01",
+  bindings = [(name = "WEIGHTS", service = "weights")],
 );
 `);
 

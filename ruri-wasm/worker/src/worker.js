@@ -4,29 +4,59 @@
 // "document", "topic", "") and `truncate`), plus `GET /stats` (linear memory, kernel) and
 // `GET /health` (answers without loading the model).
 //
-// The model is loaded once per isolate, on the first request. Here its files are modules of
-// the Worker (config.capnp for workerd; a bundled asset works the same way for small models);
-// in production the 147 MB safetensors exceeds every Workers bundle limit: fetch it from R2
-// (`await env.MODEL.get("model.safetensors")` → `arrayBuffer()`) or KV in `load()` instead,
-// and drop the ArrayBuffer after the Embedder is built (the Embedder keeps its own copy in
-// linear memory).
-import { initSync, Embedder, wasmMemoryBytes } from "./ruri_wasm.js";
+// The model is loaded once per isolate, on the first request. Its text files are modules
+// of the Worker; model.safetensors (147 MB for the 30m shape, over every Workers bundle
+// limit) is streamed from the `WEIGHTS` binding, a Fetcher (a service binding: under workerd
+// a disk service, test.mjs's config.capnp), into an EmbedderLoader that prepares each
+// tensor as its bytes arrive: the file is never held whole, in the JS heap or in linear
+// memory. In production bind an R2 bucket instead and stream its object's body the same way
+// (`(await env.MODEL.get("model.safetensors")).body`).
+import { initSync, EmbedderLoader, wasmMemoryBytes } from "./ruri_wasm.js";
 import wasmModule from "./ruri_wasm_bg.wasm";
 import configJson from "./model/config.json";
 import tokenizerJson from "./model/tokenizer.json";
-import weights from "./model/model.safetensors";
 
 let embedder = null;
+let loading = null;
 const MODEL_NAME = "ruri-v3-30m";
 // Linear memory never shrinks, and the engine's scratch grows with the longest text it has
 // seen (30m shape: +0 MiB up to 512 tokens, +3 at 1,024, +13 at 2,048, +78 at 8,192), so a
 // Worker caps the length (longer inputs: 400, or truncated with `"truncate": true`).
 const MAX_TOKENS = 2048;
 
-function load() {
+// Reads `body` into `loader` through one reused 1 MiB buffer (a BYOB reader), so that the
+// load leaves no chunk of the file behind for the garbage collector to count; a body
+// without BYOB support is read chunk by chunk.
+async function pushAll(body, loader) {
+  let reader;
+  try {
+    reader = body.getReader({ mode: "byob" });
+  } catch {
+    for await (const chunk of body) loader.push(chunk);
+    return;
+  }
+  let buffer = new ArrayBuffer(1 << 20);
+  for (;;) {
+    const { value, done } = await reader.read(new Uint8Array(buffer));
+    if (done) return;
+    loader.push(value);
+    buffer = value.buffer;
+  }
+}
+
+async function load(env) {
   initSync({ module: wasmModule });
-  embedder = new Embedder(configJson, tokenizerJson, weights, { maxLength: MAX_TOKENS });
-  embedder.embedQuery(""); // the first vector is part of the load
+  const loader = new EmbedderLoader(configJson, tokenizerJson, { maxLength: MAX_TOKENS });
+  try {
+    const response = await env.WEIGHTS.fetch("http://weights/model.safetensors");
+    if (!response.ok) throw new Error(`model.safetensors: HTTP ${response.status}`);
+    await pushAll(response.body, loader);
+    const e = loader.finish();
+    e.embedQuery(""); // the first vector is part of the load
+    return e;
+  } finally {
+    loader.free();
+  }
 }
 
 function error(status, message, type, param = null) {
@@ -86,14 +116,16 @@ async function embeddings(request) {
 }
 
 export default {
-  async fetch(request) {
+  async fetch(request, env) {
     const url = new URL(request.url);
     if (url.pathname === "/health") return new Response("ok"); // answers before the model loads
     if (embedder === null) {
+      // Requests that arrive while the model streams in wait for the same load.
+      loading ??= load(env);
       try {
-        load();
+        embedder = await loading;
       } catch (e) {
-        embedder = null;
+        loading = null;
         return error(500, `loading the model failed: ${e.message}`, "server_error");
       }
     }
