@@ -21,7 +21,10 @@ if (!x86Path) throw new Error("set RURI_WASM_X86 to the output of the wasm_refer
 const x86 = new Map(JSON.parse(readFileSync(x86Path, "utf8")).items.map((i) => [i.id, i.vector]));
 
 const files = modelFiles();
-const embedder = new ruri.Embedder(files.config, files.tokenizer, files.weights);
+// The model folder's sentence_bert_config.json limit, which the x86 engine (ModelDir) and
+// sentence-transformers truncate at; the JavaScript API takes it as an option.
+const maxLength = reference.max_seq_length;
+const embedder = new ruri.Embedder(files.config, files.tokenizer, files.weights, { maxLength });
 
 function alone(e, item) {
   return e.embed([item.text], item.prompt_name)[0];
@@ -73,7 +76,7 @@ test("embedQuery and embedDocuments add the prompts and keep the order; a batch 
 });
 
 function streamed(chunk, options) {
-  const loader = new ruri.EmbedderLoader(files.config, files.tokenizer, options);
+  const loader = new ruri.EmbedderLoader(files.config, files.tokenizer, { maxLength, ...options });
   for (let at = 0; at < files.weights.length; at += chunk) {
     loader.push(files.weights.subarray(at, at + chunk));
   }
@@ -104,7 +107,7 @@ test("embeddingTable: f32 moves the vectors, within the int8 bound", () => {
 });
 
 test("the scalar kernel gives the same bits", () => {
-  const scalar = new ruri.Embedder(files.config, files.tokenizer, files.weights, { kernel: "scalar" });
+  const scalar = new ruri.Embedder(files.config, files.tokenizer, files.weights, { kernel: "scalar", maxLength });
   assert.equal(scalar.kernel, "scalar");
   for (const item of reference.items.slice(0, 6)) {
     assert.deepStrictEqual(Array.from(alone(scalar, item)), Array.from(alone(embedder, item)), item.id);

@@ -25,7 +25,7 @@ const stage = mkdtempSync(join(tmpdir(), "ruri-worker-"));
 mkdirSync(join(stage, "model"));
 symlinkSync(join(here, "src", "worker.js"), join(stage, "worker.js"));
 for (const f of ["ruri_wasm.js", "ruri_wasm_bg.wasm"]) symlinkSync(join(here, "..", "pkg", "web", f), join(stage, f));
-for (const f of ["config.json", "tokenizer.json"]) symlinkSync(resolve(modelDir, f), join(stage, "model", f));
+for (const f of ["config.json", "tokenizer.json", "sentence_bert_config.json"]) symlinkSync(resolve(modelDir, f), join(stage, "model", f));
 writeFileSync(join(stage, "config.capnp"), `using Workerd = import "/workerd/workerd.capnp";
 const config :Workerd.Config = (
   services = [
@@ -42,6 +42,7 @@ const worker :Workerd.Worker = (
     (name = "ruri_wasm_bg.wasm", wasm = embed "ruri_wasm_bg.wasm"),
     (name = "model/config.json", text = embed "model/config.json"),
     (name = "model/tokenizer.json", text = embed "model/tokenizer.json"),
+    (name = "model/sentence_bert_config.json", text = embed "model/sentence_bert_config.json"),
   ],
   compatibilityDate = "2025-01-01",
   bindings = [(name = "WEIGHTS", service = "weights")],
@@ -79,7 +80,9 @@ try {
   // Vectors: each reference text alone, against the x86 engine.
   let worst = 0;
   for (const item of reference.items) {
-    const { status, json } = await post({ input: item.text, prompt_name: item.prompt_name, model: "ruri" });
+    // A text sentence-transformers truncated is sent with `truncate` (the Worker refuses
+    // over-long inputs by default).
+    const { status, json } = await post({ input: item.text, prompt_name: item.prompt_name, model: "ruri", truncate: item.truncated });
     assert.equal(status, 200, JSON.stringify(json));
     assert.equal(json.object, "list");
     assert.equal(json.data[0].object, "embedding");
@@ -100,7 +103,9 @@ try {
   const long = "日本の首都は東京です。".repeat(1000);
   const tooLong = await post({ input: long });
   assert.equal(tooLong.status, 400);
-  assert.match(tooLong.json.error.message, /more than the model.s maximum of 2048/);
+  // The Worker's limit: the folder's max_seq_length, capped at 2,048 tokens.
+  const limit = Math.min(JSON.parse(readFileSync(join(modelDir, "sentence_bert_config.json"), "utf8")).max_seq_length, 2048);
+  assert.match(tooLong.json.error.message, new RegExp(`more than the model.s maximum of ${limit}\\b`));
   assert.equal((await post({ input: long, truncate: true })).status, 200);
   const badTask = await post({ input: "x", prompt_name: "poem" });
   assert.equal(badTask.status, 400);

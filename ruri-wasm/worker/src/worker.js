@@ -15,6 +15,7 @@ import { initSync, EmbedderLoader, wasmMemoryBytes } from "./ruri_wasm.js";
 import wasmModule from "./ruri_wasm_bg.wasm";
 import configJson from "./model/config.json";
 import tokenizerJson from "./model/tokenizer.json";
+import sentenceBertConfig from "./model/sentence_bert_config.json";
 
 let embedder = null;
 let loading = null;
@@ -23,6 +24,9 @@ const MODEL_NAME = "ruri-v3-30m";
 // seen (30m shape: +0 MiB up to 512 tokens, +3 at 1,024, +13 at 2,048, +78 at 8,192), so a
 // Worker caps the length (longer inputs: 400, or truncated with `"truncate": true`).
 const MAX_TOKENS = 2048;
+// The model folder's limit (sentence_bert_config.json's max_seq_length, where
+// sentence-transformers and the x86 engine truncate), capped at MAX_TOKENS.
+const MAX_LENGTH = Math.min(JSON.parse(sentenceBertConfig).max_seq_length ?? MAX_TOKENS, MAX_TOKENS);
 
 // Reads `body` into `loader` through one reused 1 MiB buffer (a BYOB reader), so that the
 // load leaves no chunk of the file behind for the garbage collector to count; a body
@@ -46,7 +50,7 @@ async function pushAll(body, loader) {
 
 async function load(env) {
   initSync({ module: wasmModule });
-  const loader = new EmbedderLoader(configJson, tokenizerJson, { maxLength: MAX_TOKENS });
+  const loader = new EmbedderLoader(configJson, tokenizerJson, { maxLength: MAX_LENGTH });
   try {
     const response = await env.WEIGHTS.fetch("http://weights/model.safetensors");
     if (!response.ok) throw new Error(`model.safetensors: HTTP ${response.status}`);
