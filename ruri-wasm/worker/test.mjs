@@ -5,7 +5,7 @@
 // (GET /stats) and workerd's resident memory (VmRSS/VmHWM, which also counts the runtime and
 // the weights it streamed). Run: `node test.mjs` after tools/wasm/build.sh and `npm install`.
 import { spawn } from "node:child_process";
-import { mkdtempSync, mkdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, mkdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -17,7 +17,14 @@ const modelDir = process.env.RURI_WASM_MODEL ?? join(repo, "testdata", "generate
 const reference = JSON.parse(readFileSync(process.env.RURI_WASM_REFERENCE ?? join(repo, "testdata", "generated", "reference", "ruri-v3-30m-shape.json"), "utf8"));
 if (!process.env.RURI_WASM_X86) throw new Error("set RURI_WASM_X86 to the output of the wasm_reference example");
 const x86 = new Map(JSON.parse(readFileSync(process.env.RURI_WASM_X86, "utf8")).items.map((i) => [i.id, i.vector]));
-const queries = readFileSync(join(repo, "testdata", "generated", "bench", "queries.jsonl"), "utf8").trim().split("\n").map((l) => JSON.parse(l).text);
+// The workload's queries (tools/bench/make_workload.py) when generated, else the reference texts
+// (CI runs on the committed tiny model without the workload).
+const workload = join(repo, "testdata", "generated", "bench", "queries.jsonl");
+const queries = existsSync(workload)
+  ? readFileSync(workload, "utf8").trim().split("\n").map((l) => JSON.parse(l).text)
+  : reference.items.filter((i) => !i.truncated && i.text.length > 0).map((i) => i.text);
+// 50 concurrent requests below: repeat the texts up to 50.
+for (let i = 0; queries.length < 50; i++) queries.push(queries[i]);
 const port = Number(process.env.RURI_WASM_PORT ?? 8790);
 
 // Stage the Worker: its module, the bound package (web target) and the model, side by side.
