@@ -258,24 +258,7 @@ impl CandleBackend {
         local_attention: LocalAttention,
     ) -> Result<Self> {
         let config = dir.config();
-        if config.hidden_activation != "gelu" {
-            return Err(Error::Unsupported {
-                path: dir.path().join("config.json"),
-                what: format!(
-                    "hidden_activation {:?} (Ruri v3 uses \"gelu\", the erf GELU)",
-                    config.hidden_activation
-                ),
-            });
-        }
-        if !config.head_dim().is_multiple_of(2) {
-            return Err(Error::InvalidConfig {
-                path: dir.path().join("config.json"),
-                reason: format!(
-                    "head dimension {} is odd: RoPE needs pairs",
-                    config.head_dim()
-                ),
-            });
-        }
+        config.check_supported(&dir.path().join("config.json"))?;
         let candle = candle_device(device)?;
         let weights = dir.file("model.safetensors")?;
         let model = ModernBert::load(&weights, config, dtype.to_candle(), &candle)?;

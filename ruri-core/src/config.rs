@@ -136,6 +136,32 @@ const DEFAULT_EOS_ID: u32 = 2;
 const ENCODER_ARCHITECTURES: &[&str] = &["ModernBertModel", "ModernBertForMaskedLM"];
 
 impl ModelConfig {
+    /// What every engine of this workspace refuses in a `config.json` that parsed: an
+    /// activation other than `"gelu"` (the erf GELU Ruri v3 uses; [`Error::Unsupported`]),
+    /// and an odd head dimension (rotary embeddings rotate pairs; [`Error::InvalidConfig`]).
+    /// `config_path` names the file in the error.
+    pub fn check_supported(&self, config_path: &Path) -> Result<()> {
+        if self.hidden_activation != "gelu" {
+            return Err(Error::Unsupported {
+                path: config_path.to_path_buf(),
+                what: format!(
+                    "hidden_activation {:?} (Ruri v3 uses \"gelu\", the erf GELU)",
+                    self.hidden_activation
+                ),
+            });
+        }
+        if !self.head_dim().is_multiple_of(2) {
+            return Err(Error::InvalidConfig {
+                path: config_path.to_path_buf(),
+                reason: format!(
+                    "head dimension {} is odd: RoPE needs pairs",
+                    self.head_dim()
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// Reads `config.json`.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();

@@ -295,7 +295,7 @@ impl NativeBackend {
     pub fn load(dir: &ModelDir, builder: &NativeBuilder) -> Result<Self> {
         let weights = dir.file("model.safetensors")?;
         let config_path = dir.path().join("config.json");
-        check_config(dir.config(), &config_path)?;
+        dir.config().check_supported(&config_path)?;
         let safetensors = Safetensors::open(&weights, dir.config())?;
         Self::prepare(dir.config(), safetensors, builder, weights)
     }
@@ -310,7 +310,7 @@ impl NativeBackend {
         safetensors: impl Into<std::sync::Arc<[u8]>>,
     ) -> Result<Self> {
         let config = ruri_core::ModelConfig::from_json_str(config_json, "config.json")?;
-        check_config(&config, Path::new("config.json"))?;
+        config.check_supported(Path::new("config.json"))?;
         let label = PathBuf::from("model.safetensors");
         let safetensors = Safetensors::from_bytes(label.clone(), safetensors.into(), &config)?;
         Self::prepare(&config, safetensors, builder, label)
@@ -324,7 +324,7 @@ impl NativeBackend {
     /// same builder.
     pub fn loader(builder: &NativeBuilder, config_json: &str) -> Result<Loader> {
         let config = ruri_core::ModelConfig::from_json_str(config_json, "config.json")?;
-        check_config(&config, Path::new("config.json"))?;
+        config.check_supported(Path::new("config.json"))?;
         let (options, threads) = Self::options(builder)?;
         Ok(Loader::new(config, options, threads, builder.precision))
     }
@@ -423,29 +423,6 @@ impl NativeBackend {
     pub fn weight_bytes(&self) -> usize {
         self.model.weight_bytes()
     }
-}
-
-/// What the engine refuses in a `config.json` that parsed (as candle does).
-fn check_config(config: &ruri_core::ModelConfig, config_path: &Path) -> Result<()> {
-    if config.hidden_activation != "gelu" {
-        return Err(Error::Unsupported {
-            path: config_path.to_path_buf(),
-            what: format!(
-                "hidden_activation {:?} (Ruri v3 uses \"gelu\", the erf GELU)",
-                config.hidden_activation
-            ),
-        });
-    }
-    if !config.head_dim().is_multiple_of(2) {
-        return Err(Error::InvalidConfig {
-            path: config_path.to_path_buf(),
-            reason: format!(
-                "head dimension {} is odd: RoPE needs pairs",
-                config.head_dim()
-            ),
-        });
-    }
-    Ok(())
 }
 
 impl Backend for NativeBackend {

@@ -310,7 +310,8 @@ impl OrtBuilder {
             _ => fused::Linears::Fp32,
         };
         let embedder = TextEmbedder::load(dir, self.batching, || {
-            fused::check_config(dir.config(), &dir.path().join("config.json"))?;
+            dir.config()
+                .check_supported(&dir.path().join("config.json"))?;
             let environment = runtime::environment(self.runtime_path.as_deref())?;
             let prepacked = (sessions > 1).then(PrepackedWeights::new);
             let settings = self.clone();

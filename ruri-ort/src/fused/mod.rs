@@ -128,31 +128,6 @@ impl Table {
     }
 }
 
-/// What the fused graph refuses in a `config.json` that parsed, as candle and the native
-/// engine do: it builds only the erf GELU (transformers' `"gelu"`), and rotary embeddings
-/// rotate pairs of a head's dimensions.
-pub(crate) fn check_config(config: &ModelConfig, config_path: &Path) -> Result<()> {
-    if config.hidden_activation != "gelu" {
-        return Err(Error::Unsupported {
-            path: config_path.to_path_buf(),
-            what: format!(
-                "hidden_activation {:?} (the fused graph builds \"gelu\", the erf GELU Ruri v3 uses)",
-                config.hidden_activation
-            ),
-        });
-    }
-    if !config.head_dim().is_multiple_of(2) {
-        return Err(Error::InvalidConfig {
-            path: config_path.to_path_buf(),
-            reason: format!(
-                "head dimension {} is odd: RoPE needs pairs",
-                config.head_dim()
-            ),
-        });
-    }
-    Ok(())
-}
-
 /// Opens `path` as the checkpoint of `config` and reads what the fused graph reads from it
 /// (every tensor but the embedding table whole; the table's first and last rows, mapped and
 /// by positional reads), with no ONNX Runtime: the `fused_weights` fuzz target's entry point.
