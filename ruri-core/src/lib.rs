@@ -77,6 +77,7 @@ pub mod hub;
 mod model_dir;
 mod pipeline;
 pub mod quantize;
+pub mod safetensors;
 mod similarity;
 mod text_embedder;
 

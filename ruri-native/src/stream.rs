@@ -182,9 +182,9 @@ impl Loader {
                 .get(&format!("{prefix}{name}"))
                 .cloned()
                 .expect("parse_header_for checked every tensor is present");
-            let width = dtype.width();
-            // The header's sizes were checked in u64 (`parse_entry`); a tensor too large
-            // for this platform's address space is refused here.
+            let width = dtype.width() as u64;
+            // The header's sizes were checked (ruri-core's `safetensors::parse_header`, which
+            // also requires them to fit this platform's usize); saturating all the same.
             let bytes = shape.iter().fold(width, |n, &d| n.saturating_mul(d as u64));
             let row = (self.config.hidden_size as u64).saturating_mul(width);
             let unit = usize::try_from(if name == EMBEDDINGS { row } else { bytes })

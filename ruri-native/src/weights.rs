@@ -12,47 +12,9 @@ use std::sync::Arc;
 
 use ruri_core::{Error, ModelConfig, Result};
 
-/// The tensor that tells whether a checkpoint stores its tensors under `model.`.
-const PROBE: &str = "embeddings.tok_embeddings.weight";
-/// Headers larger than this are refused (the 310m model's is 16 KB).
-pub(crate) const MAX_HEADER: u64 = 100 << 20;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Dtype {
-    F32,
-    F16,
-    Bf16,
-}
-
-impl Dtype {
-    pub(crate) fn width(self) -> u64 {
-        match self {
-            Dtype::F32 => 4,
-            Dtype::F16 | Dtype::Bf16 => 2,
-        }
-    }
-
-    /// Appends the elements of `bytes` (whole elements, little-endian) to `out` as f32.
-    pub(crate) fn decode_into(self, bytes: &[u8], out: &mut Vec<f32>) {
-        match self {
-            Dtype::F32 => out.extend(
-                bytes
-                    .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-            ),
-            Dtype::F16 => out.extend(
-                bytes
-                    .chunks_exact(2)
-                    .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
-            ),
-            Dtype::Bf16 => out.extend(
-                bytes
-                    .chunks_exact(2)
-                    .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
-            ),
-        }
-    }
-}
+// The checked header parsing is ruri-core's, shared with ruri-ort's fused graph.
+use ruri_core::safetensors::{self, check_tensors};
+pub(crate) use ruri_core::safetensors::{Dtype, MAX_HEADER, data_start};
 
 #[derive(Debug, Clone)]
 pub(crate) struct Entry {
@@ -162,29 +124,13 @@ impl Safetensors {
             path: path.clone(),
             source,
         })?;
-        let (entries, prefix) = parse_header(&path, &header, data_start, file_len)?;
-        let this = Self {
+        let (entries, prefix) = parse_header_for(&path, &header, data_start, file_len, config)?;
+        Ok(Self {
             path,
             source,
             entries,
             prefix,
-        };
-        this.check_shapes(config)?;
-        Ok(this)
-    }
-
-    /// Every ModernBERT tensor present, with the shape `config` implies.
-    fn check_shapes(&self, config: &ModelConfig) -> Result<()> {
-        for (name, shape) in config.checkpoint_tensors() {
-            let entry = self.entry(&name)?;
-            if entry.shape != shape {
-                return Err(self.invalid(format!(
-                    "the tensor {}{name} has shape {:?} but config.json implies {shape:?}",
-                    self.prefix, entry.shape
-                )));
-            }
-        }
-        Ok(())
+        })
     }
 
     fn invalid(&self, reason: String) -> Error {
@@ -242,7 +188,7 @@ impl Safetensors {
         count: usize,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        let width = entry.dtype.width() as usize;
+        let width = entry.dtype.width();
         out.reserve(count);
         // In chunks of at most 64 KiB, so that no second full-size byte buffer exists (and
         // the chunk stays below the allocator's default threshold for a mapping of its own).
@@ -265,22 +211,9 @@ impl Safetensors {
     }
 }
 
-/// Where the data starts after a header of `header_len` bytes, in a file of `file_len`.
-pub(crate) fn data_start(path: &Path, header_len: u64, file_len: u64) -> Result<u64> {
-    header_len
-        .checked_add(8)
-        .filter(|&end| header_len <= MAX_HEADER && end <= file_len)
-        .ok_or_else(|| Error::InvalidConfig {
-            path: path.to_path_buf(),
-            reason: format!(
-                "a safetensors header of {header_len} bytes in a file of {file_len} bytes"
-            ),
-        })
-}
-
 /// The header's float tensors (each checked to fit a file of `file_len` bytes), the
-/// checkpoint's prefix, and every ModernBERT tensor checked against `config`: the checks
-/// [`Safetensors`] makes, for a loader that receives the file as a stream.
+/// checkpoint's prefix, and every ModernBERT tensor checked against `config`; entries with
+/// absolute offsets. For [`Safetensors`] and for the loader that receives the file as a stream.
 pub(crate) fn parse_header_for(
     path: &Path,
     header: &[u8],
@@ -288,122 +221,31 @@ pub(crate) fn parse_header_for(
     file_len: u64,
     config: &ModelConfig,
 ) -> Result<(HashMap<String, Entry>, &'static str)> {
-    let (entries, prefix) = parse_header(path, header, data_start, file_len)?;
-    let this = Safetensors {
-        path: path.to_path_buf(),
-        source: Source::Bytes(Arc::from(&[][..])),
-        entries,
-        prefix,
-    };
-    this.check_shapes(config)?;
-    Ok((this.entries, this.prefix))
-}
-
-fn parse_header(
-    path: &Path,
-    header: &[u8],
-    data_start: u64,
-    file_len: u64,
-) -> Result<(HashMap<String, Entry>, &'static str)> {
-    let invalid = |reason: String| Error::InvalidConfig {
-        path: path.to_path_buf(),
-        reason,
-    };
-    let header: HashMap<String, serde_json::Value> = serde_json::from_slice(header)
-        .map_err(|e| invalid(format!("the safetensors header is not JSON: {e}")))?;
-    let mut entries = HashMap::new();
-    for (name, value) in header {
-        if name == "__metadata__" {
-            continue;
-        }
-        let entry = parse_entry(&name, &value, data_start, file_len).map_err(invalid)?;
-        if let Some(entry) = entry {
-            entries.insert(name, entry);
-        }
-    }
-    let prefix = if entries.contains_key(PROBE) {
-        ""
-    } else if entries.contains_key(&format!("model.{PROBE}")) {
-        "model."
-    } else {
-        return Err(invalid(format!(
-            "no {PROBE} tensor, with or without a `model.` prefix: not a ModernBERT checkpoint"
-        )));
-    };
-    Ok((entries, prefix))
-}
-
-/// One header entry: `None` for a tensor of a dtype ModernBERT never has (fine as long as
-/// it is not read); an error when its offsets or shape do not fit the file.
-fn parse_entry(
-    name: &str,
-    value: &serde_json::Value,
-    data_start: u64,
-    file_len: u64,
-) -> std::result::Result<Option<Entry>, String> {
-    let bad = || format!("the header entry of {name} is malformed");
-    let dtype = match value
-        .get("dtype")
-        .and_then(|d| d.as_str())
-        .ok_or_else(bad)?
-    {
-        "F32" => Dtype::F32,
-        "F16" => Dtype::F16,
-        "BF16" => Dtype::Bf16,
-        _ => return Ok(None),
-    };
-    let shape = value
-        .get("shape")
-        .and_then(|s| s.as_array())
-        .ok_or_else(bad)?
-        .iter()
-        .map(|d| {
-            d.as_u64()
-                .and_then(|d| usize::try_from(d).ok())
-                .ok_or_else(bad)
+    let entries = safetensors::parse_header(path, header, data_start, file_len)?;
+    let prefix = ruri_core::checkpoint_prefix(path, |name| entries.contains_key(name))?;
+    check_tensors(path, &entries, prefix, config)?;
+    let entries = entries
+        .into_iter()
+        .map(|(name, e)| {
+            // `data_start + end` was checked to be within the file.
+            let start = data_start + e.start;
+            let (dtype, shape) = (e.dtype, e.shape);
+            (
+                name,
+                Entry {
+                    dtype,
+                    shape,
+                    start,
+                },
+            )
         })
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    let offsets = value
-        .get("data_offsets")
-        .and_then(|s| s.as_array())
-        .filter(|o| o.len() == 2)
-        .ok_or_else(bad)?;
-    let (start, end) = (
-        offsets[0].as_u64().ok_or_else(bad)?,
-        offsets[1].as_u64().ok_or_else(bad)?,
-    );
-    let misfit = || {
-        format!("the data of {name} ({start}..{end}) does not fit its shape {shape:?} or the file")
-    };
-    let bytes = shape
-        .iter()
-        .try_fold(1u64, |n, &d| n.checked_mul(d as u64))
-        .and_then(|n| n.checked_mul(dtype.width()))
-        .ok_or_else(misfit)?;
-    let fits = end.checked_sub(start).is_some_and(|len| len == bytes)
-        && data_start.checked_add(end).is_some_and(|e| e <= file_len);
-    if !fits {
-        return Err(misfit());
-    }
-    Ok(Some(Entry {
-        dtype,
-        shape,
-        start: data_start + start,
-    }))
+        .collect();
+    Ok((entries, prefix))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn entry(
-        json: &str,
-        data_start: u64,
-        file_len: u64,
-    ) -> std::result::Result<Option<Entry>, String> {
-        let value: serde_json::Value = serde_json::from_str(json).unwrap();
-        parse_entry("t", &value, data_start, file_len)
-    }
 
     fn file(header: &str, data: usize) -> Arc<[u8]> {
         let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
@@ -442,52 +284,5 @@ mod tests {
         assert!(reason(file(wrong_shape, 160)).contains("has shape [10, 4]"));
         // The data of a tensor past the end of the bytes.
         assert!(reason(file(only_embeddings, 100)).contains("does not fit"));
-    }
-
-    #[test]
-    fn well_formed_entries_parse() {
-        let e = entry(
-            r#"{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}"#,
-            100,
-            124,
-        )
-        .unwrap()
-        .unwrap();
-        assert_eq!((e.shape, e.start), (vec![2, 3], 100));
-        assert!(
-            entry(
-                r#"{"dtype":"I64","shape":[2],"data_offsets":[0,16]}"#,
-                8,
-                24
-            )
-            .unwrap()
-            .is_none()
-        );
-    }
-
-    /// Each crafted header is refused with a message, in debug builds too (no overflow
-    /// panic) and whatever a wrapped product would have made of it.
-    #[test]
-    fn crafted_entries_are_refused() {
-        let cases = [
-            // A shape whose product overflows u64 and wraps to a small number.
-            r#"{"dtype":"F32","shape":[4294967296,4294967296,4],"data_offsets":[0,0]}"#,
-            r#"{"dtype":"F32","shape":[18446744073709551615,2],"data_offsets":[0,8]}"#,
-            // Offsets that wrap, or run backwards.
-            r#"{"dtype":"F32","shape":[1],"data_offsets":[18446744073709551615,3]}"#,
-            r#"{"dtype":"F32","shape":[1],"data_offsets":[8,4]}"#,
-            // The end past the file.
-            r#"{"dtype":"F32","shape":[1],"data_offsets":[18446744073709551612,18446744073709551616]}"#,
-            r#"{"dtype":"F32","shape":[4],"data_offsets":[0,16]}"#,
-            // Not the size the shape says.
-            r#"{"dtype":"F32","shape":[2],"data_offsets":[0,4]}"#,
-            // Malformed.
-            r#"{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}"#,
-            r#"{"dtype":"F32","shape":[1],"data_offsets":[0]}"#,
-            r#"{"shape":[1],"data_offsets":[0,4]}"#,
-        ];
-        for json in cases {
-            assert!(entry(json, 8, 20).is_err(), "accepted {json}");
-        }
     }
 }

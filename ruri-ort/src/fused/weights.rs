@@ -10,118 +10,10 @@ use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
+use ruri_core::safetensors::{
+    Dtype, TensorEntry as Entry, check_tensors, data_start, parse_header,
+};
 use ruri_core::{Error, ModelConfig, Result};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Dtype {
-    F32,
-    F16,
-    Bf16,
-}
-
-impl Dtype {
-    fn width(self) -> usize {
-        match self {
-            Dtype::F32 => 4,
-            Dtype::F16 | Dtype::Bf16 => 2,
-        }
-    }
-}
-
-/// Headers larger than this are refused (the 310m model's is 16 KB).
-const MAX_HEADER: u64 = 100 << 20;
-
-/// One tensor of the header. Its invariant, checked by [`parse_entry`] in checked arithmetic:
-/// the element count times the width is `end - start`, fits in `usize`, and
-/// `data_start + end` is within the file. So every product of its dimensions, and every
-/// offset inside it, is computed later without overflow.
-#[derive(Debug, Clone)]
-struct Entry {
-    dtype: Dtype,
-    shape: Vec<usize>,
-    start: u64,
-    end: u64,
-}
-
-impl Entry {
-    /// The element count (cannot overflow: checked at parse).
-    fn count(&self) -> usize {
-        self.shape.iter().product()
-    }
-
-    /// The byte length (cannot overflow: checked at parse).
-    fn bytes(&self) -> usize {
-        (self.end - self.start) as usize
-    }
-}
-
-/// One header entry: `None` for a tensor of a dtype ModernBERT never has (fine as long as it
-/// is not read); an error when it is malformed or its offsets or shape do not fit the file.
-/// Every sum and product is checked: a crafted header (offsets that wrap, a start past the
-/// end, a shape whose product overflows or wraps to exactly the data's length) is refused
-/// here, in debug builds as in release, rather than panicking or slicing out of bounds later.
-fn parse_entry(
-    name: &str,
-    value: &serde_json::Value,
-    data_start: u64,
-    file_len: u64,
-) -> std::result::Result<Option<Entry>, String> {
-    let bad = || format!("the header entry of {name} is malformed");
-    let dtype = match value
-        .get("dtype")
-        .and_then(|d| d.as_str())
-        .ok_or_else(bad)?
-    {
-        "F32" => Dtype::F32,
-        "F16" => Dtype::F16,
-        "BF16" => Dtype::Bf16,
-        // Other tensors (none in ModernBERT) are fine as long as they are not read.
-        _ => return Ok(None),
-    };
-    let shape = value
-        .get("shape")
-        .and_then(|s| s.as_array())
-        .ok_or_else(bad)?
-        .iter()
-        .map(|d| {
-            d.as_u64()
-                .and_then(|d| usize::try_from(d).ok())
-                .ok_or_else(bad)
-        })
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    let offsets = value
-        .get("data_offsets")
-        .and_then(|s| s.as_array())
-        .filter(|o| o.len() == 2)
-        .ok_or_else(bad)?;
-    let (start, end) = (
-        offsets[0].as_u64().ok_or_else(bad)?,
-        offsets[1].as_u64().ok_or_else(bad)?,
-    );
-    let misfit = || {
-        format!("the data of {name} ({start}..{end}) does not fit its shape {shape:?} or the file")
-    };
-    // In usize: the count and the byte length are later used as `usize` (allocations,
-    // slices), so they must fit there, not only in u64.
-    let bytes = shape
-        .iter()
-        .try_fold(1usize, |n, &d| n.checked_mul(d))
-        .and_then(|n| n.checked_mul(dtype.width()))
-        .ok_or_else(misfit)?;
-    let fits = end
-        .checked_sub(start)
-        .is_some_and(|len| u64::try_from(bytes).is_ok_and(|b| b == len))
-        && data_start.checked_add(end).is_some_and(|e| e <= file_len);
-    if !fits {
-        return Err(misfit());
-    }
-    Ok(Some(Entry {
-        dtype,
-        shape,
-        start,
-        end,
-    }))
-}
 
 /// An open `model.safetensors`: its header, and the file to read tensors from.
 pub(crate) struct Safetensors {
@@ -159,31 +51,12 @@ impl Safetensors {
         file.read_exact(&mut len)
             .map_err(|_| invalid("shorter than a safetensors header".into()))?;
         let header_len = u64::from_le_bytes(len);
-        // Checked: a length near u64::MAX would wrap `8 + header_len` past the file check.
-        let data_start = header_len
-            .checked_add(8)
-            .filter(|&end| header_len <= MAX_HEADER && end <= file_len)
-            .ok_or_else(|| {
-                invalid(format!(
-                    "a safetensors header of {header_len} bytes in a file of {file_len} bytes"
-                ))
-            })?;
+        let data_start = data_start(path, header_len, file_len)?;
         let mut header = vec![0u8; header_len as usize];
         file.read_exact(&mut header).map_err(io)?;
-        let header: HashMap<String, serde_json::Value> = serde_json::from_slice(&header)
-            .map_err(|e| invalid(format!("the safetensors header is not JSON: {e}")))?;
-        let mut entries = HashMap::new();
-        for (name, value) in header {
-            if name == "__metadata__" {
-                continue;
-            }
-            if let Some(entry) =
-                parse_entry(&name, &value, data_start, file_len).map_err(invalid)?
-            {
-                entries.insert(name, entry);
-            }
-        }
+        let entries = parse_header(path, &header, data_start, file_len)?;
         let prefix = ruri_core::checkpoint_prefix(path, |name| entries.contains_key(name))?;
+        check_tensors(path, &entries, prefix, config)?;
         let this = Self {
             path: path.to_path_buf(),
             file,
@@ -191,20 +64,6 @@ impl Safetensors {
             entries,
             prefix,
         };
-        for (name, shape) in config.checkpoint_tensors() {
-            let full = format!("{prefix}{name}");
-            let entry = this.entries.get(&full).ok_or_else(|| {
-                invalid(format!(
-                    "the tensor {full} is missing (or not a float tensor)"
-                ))
-            })?;
-            if entry.shape != shape {
-                return Err(invalid(format!(
-                    "the tensor {full} has shape {:?} but config.json implies {shape:?}",
-                    entry.shape
-                )));
-            }
-        }
         Ok(this)
     }
 
@@ -302,23 +161,7 @@ impl Safetensors {
         while left > 0 {
             let n = left.min(buf.len() / width * width);
             self.file.read_exact(&mut buf[..n]).map_err(io)?;
-            match entry.dtype {
-                Dtype::F32 => out.extend(
-                    buf[..n]
-                        .chunks_exact(4)
-                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-                ),
-                Dtype::F16 => out.extend(
-                    buf[..n]
-                        .chunks_exact(2)
-                        .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
-                ),
-                Dtype::Bf16 => out.extend(
-                    buf[..n]
-                        .chunks_exact(2)
-                        .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
-                ),
-            }
+            entry.dtype.decode_into(&buf[..n], &mut out);
             left -= n;
         }
         Ok(out)
@@ -361,7 +204,7 @@ impl FileRows {
             source,
         })?;
         out.clear();
-        decode(self.dtype, &bytes, out);
+        self.dtype.decode_into(&bytes, out);
         Ok(())
     }
 }
@@ -385,27 +228,6 @@ fn read_at(file: &File, mut buf: &mut [u8], mut offset: u64) -> std::io::Result<
     Ok(())
 }
 
-/// Little-endian `dtype` values to f32, appended to `out`.
-fn decode(dtype: Dtype, bytes: &[u8], out: &mut Vec<f32>) {
-    match dtype {
-        Dtype::F32 => out.extend(
-            bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        ),
-        Dtype::F16 => out.extend(
-            bytes
-                .chunks_exact(2)
-                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
-        ),
-        Dtype::Bf16 => out.extend(
-            bytes
-                .chunks_exact(2)
-                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
-        ),
-    }
-}
-
 /// A row-major 2-D tensor read in place from the mapped file.
 pub(crate) struct MappedRows {
     map: memmap2::Mmap,
@@ -425,7 +247,8 @@ impl MappedRows {
         // In bounds: r < rows, and `map` checked that the whole tensor lies in the mapping.
         let width = self.dtype.width();
         let begin = self.start + r * self.cols * width;
-        decode(self.dtype, &self.map[begin..begin + self.cols * width], out);
+        self.dtype
+            .decode_into(&self.map[begin..begin + self.cols * width], out);
     }
 }
 
@@ -511,79 +334,6 @@ pub(crate) fn smoothing(weight: &[f32], inp: usize) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn entry(
-        json: &str,
-        data_start: u64,
-        file_len: u64,
-    ) -> std::result::Result<Option<Entry>, String> {
-        let value: serde_json::Value = serde_json::from_str(json).unwrap();
-        parse_entry("t", &value, data_start, file_len)
-    }
-
-    #[test]
-    fn well_formed_entries_parse() {
-        let e = entry(
-            r#"{"dtype":"BF16","shape":[2,3],"data_offsets":[4,16]}"#,
-            100,
-            116,
-        )
-        .unwrap()
-        .unwrap();
-        assert_eq!((e.shape.clone(), e.start, e.end), (vec![2, 3], 4, 16));
-        assert_eq!((e.count(), e.bytes()), (6, 12));
-        // A tensor of a dtype ModernBERT never has is skipped, not refused.
-        assert!(
-            entry(
-                r#"{"dtype":"I64","shape":[2],"data_offsets":[0,16]}"#,
-                8,
-                24
-            )
-            .unwrap()
-            .is_none()
-        );
-    }
-
-    /// One case per way a header's arithmetic can go wrong: each is refused with the
-    /// "does not fit" message, in a debug build too (these overflowed, and panicked, before
-    /// the arithmetic was checked).
-    #[test]
-    fn crafted_entries_are_refused_without_overflow() {
-        let misfit = |json: &str| match entry(json, 8, 1008) {
-            Err(reason) => assert!(reason.contains("does not fit"), "{json}: {reason}"),
-            Ok(e) => panic!("accepted {json}: {e:?}"),
-        };
-        // Offsets that wrap: `data_start + end` overflows u64.
-        misfit(
-            r#"{"dtype":"F32","shape":[1],"data_offsets":[18446744073709551612,18446744073709551615]}"#,
-        );
-        // A start past the end (the range runs backwards).
-        misfit(r#"{"dtype":"F32","shape":[1],"data_offsets":[12,8]}"#);
-        // Past the end of the file (truncated after the header).
-        misfit(r#"{"dtype":"F32","shape":[300],"data_offsets":[0,1200]}"#);
-        // A shape whose element count overflows.
-        misfit(r#"{"dtype":"F32","shape":[4294967296,4294967296,2],"data_offsets":[0,0]}"#);
-        // A count that fits but whose byte length overflows.
-        misfit(r#"{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,0]}"#);
-        // A product that wraps to exactly the data's length: 2^62 · 4 + 8 ≡ 8 (mod 2^64), so
-        // wrapping arithmetic would have accepted an 8-byte range for 2^62 + 2 elements.
-        misfit(r#"{"dtype":"F32","shape":[4611686018427387906],"data_offsets":[0,8]}"#);
-        misfit(r#"{"dtype":"BF16","shape":[9223372036854775812],"data_offsets":[0,8]}"#);
-        // Not the size the shape says.
-        misfit(r#"{"dtype":"F32","shape":[2],"data_offsets":[0,4]}"#);
-        // Malformed entries.
-        for json in [
-            r#"{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}"#,
-            r#"{"dtype":"F32","shape":[1],"data_offsets":[0]}"#,
-            r#"{"dtype":"F32","shape":[1],"data_offsets":[0,-4]}"#,
-            r#"{"shape":[1],"data_offsets":[0,4]}"#,
-        ] {
-            match entry(json, 8, 1008) {
-                Err(reason) => assert!(reason.contains("malformed"), "{json}: {reason}"),
-                Ok(e) => panic!("accepted {json}: {e:?}"),
-            }
-        }
-    }
 
     #[test]
     fn transpose_moves_every_element() {
