@@ -1,5 +1,6 @@
 //! Wire formats: the OpenAI and TEI request bodies, and errors in each route's own shape.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use axum::http::{HeaderValue, StatusCode, header};
@@ -98,6 +99,86 @@ pub struct TeiRequest {
     pub prompt_name: Option<String>,
     #[serde(default)]
     pub dimensions: Option<usize>,
+}
+
+/// `POST /tokenize`, as text-embeddings-inference.
+#[derive(Debug, Deserialize)]
+pub struct TeiTokenizeRequest {
+    pub inputs: Inputs,
+    #[serde(default = "yes")]
+    pub add_special_tokens: bool,
+    #[serde(default)]
+    pub prompt_name: Option<String>,
+}
+
+/// One token of a `/tokenize` answer (TEI's `SimpleToken`): a special token shows its piece
+/// and no offsets; any other token the bytes of prompt + text it came from and their range.
+#[derive(Debug, Serialize)]
+pub struct TeiToken<'a> {
+    pub id: u32,
+    pub text: Cow<'a, str>,
+    pub special: bool,
+    pub start: Option<usize>,
+    pub stop: Option<usize>,
+}
+
+impl<'a> TeiToken<'a> {
+    /// `token` of `joined` (prompt + text, as the request gave them); `None` if its offsets
+    /// do not lie within `joined`.
+    pub fn new(joined: &'a str, token: &'a ruri::tokenize::Token) -> Option<Self> {
+        let (text, start, stop) = match token.offsets() {
+            None => (Cow::Borrowed(token.piece()), None, None),
+            // Byte-fallback pieces of one character share its range, so a range always
+            // spans whole characters here; lossy decoding (as TEI) covers any other case.
+            Some(range) => (
+                String::from_utf8_lossy(joined.as_bytes().get(range.clone())?),
+                Some(range.start),
+                Some(range.end),
+            ),
+        };
+        Some(Self {
+            id: token.id(),
+            text,
+            special: token.is_special(),
+            start,
+            stop,
+        })
+    }
+}
+
+/// `GET /info`: TEI's `Info` where ruri has the value, plus ruri's own fields (see the
+/// README's route list).
+#[derive(Debug, Serialize)]
+pub struct TeiInfo<'a> {
+    pub model_id: &'a str,
+    /// TEI: the Hub revision's commit. ruri does not report it.
+    pub model_sha: Option<&'a str>,
+    pub model_dtype: Option<&'a str>,
+    pub served_model_name: &'a str,
+    pub model_type: TeiModelType,
+    pub max_input_length: usize,
+    pub max_batch_tokens: usize,
+    /// No limit on the requests merged into one backend call.
+    pub max_batch_requests: Option<usize>,
+    pub max_client_batch_size: usize,
+    pub auto_truncate: bool,
+    pub tokenization_workers: usize,
+    pub version: &'static str,
+    /// TEI: the git commit it was built from. ruri does not record it.
+    pub sha: Option<&'static str>,
+    pub docker_label: Option<&'static str>,
+    // ruri's own.
+    pub dimensions: usize,
+    pub backend: Option<&'a str>,
+    pub prompts: std::collections::BTreeMap<&'a str, &'a str>,
+    pub default_prompt_name: Option<&'a str>,
+}
+
+/// TEI's `model_type`: `{"embedding": {"pooling": "mean"}}`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TeiModelType {
+    Embedding { pooling: &'static str },
 }
 
 #[derive(Serialize)]

@@ -21,7 +21,8 @@ pub const API_KEY_VAR: &str = "RURI_API_KEY";
 ///
 /// Listens at once and loads the model on a thread of its own: `GET /health` is 200 from the
 /// start, `GET /ready` 503 until the model is loaded and warmed up. Routes: POST
-/// /v1/embeddings, POST /embed, GET /health, GET /ready, GET /metrics.
+/// /v1/embeddings, POST /embed (also POST /), POST /tokenize, GET /info, GET /health (also
+/// GET /), GET /ready, GET /metrics.
 #[derive(Debug, Clone, Parser)]
 #[command(
     name = "ruri-server",
@@ -29,10 +30,10 @@ pub const API_KEY_VAR: &str = "RURI_API_KEY";
     about,
     after_help = "Every flag can also be set through the environment variable shown with it \
                   (a flag given on the command line wins). \
-                  RURI_API_KEY (environment only): when set, POST /v1/embeddings and POST \
-                  /embed need \"Authorization: Bearer <key>\"; /health, /ready and /metrics stay \
-                  open. SIGTERM or Ctrl-C stops accepting connections and finishes the requests \
-                  in flight."
+                  RURI_API_KEY (environment only): when set, POST /v1/embeddings, POST /embed \
+                  (and POST /), POST /tokenize and GET /info need \"Authorization: Bearer \
+                  <key>\"; /health (and GET /), /ready and /metrics stay open. SIGTERM or \
+                  Ctrl-C stops accepting connections and finishes the requests in flight."
 )]
 pub struct Args {
     /// Address to listen on (0.0.0.0:8080 in a container).
@@ -193,6 +194,9 @@ impl Args {
             max_tokenizing: self
                 .max_tokenizing
                 .unwrap_or(Config::default().max_tokenizing),
+            model_id: Some(self.model.model.to_string_lossy().into_owned()),
+            model_dtype: Some(tei_dtype(self.model.precision).to_owned()),
+            backend: Some(self.model.backend.name().to_owned()),
         })
     }
 
@@ -207,6 +211,17 @@ impl Args {
 }
 
 /// The folder's last component (`ruri-v3-30m` for `models/ruri-v3-30m/`), else `ruri`.
+/// A precision as TEI's `/info` names dtypes (`float32`, `float16`, `bfloat16`); int8, which
+/// TEI does not serve, as `int8`.
+fn tei_dtype(precision: Precision) -> &'static str {
+    match precision {
+        Precision::Fp32 => "float32",
+        Precision::Fp16 => "float16",
+        Precision::Bf16 => "bfloat16",
+        other => other.name(),
+    }
+}
+
 fn folder_name(dir: &Path) -> String {
     dir.components()
         .next_back()

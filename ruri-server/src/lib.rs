@@ -12,9 +12,15 @@
 //!   clients send queries and documents alike, so send `"prompt_name": "query"` or
 //!   `"document"` for retrieval.
 //! * `POST /embed`: text-embeddings-inference's shape (`inputs`, `normalize`, `truncate`,
-//!   `prompt_name`, `dimensions`); answers an array of vectors.
-//! * `GET /health` (200 from the start), `GET /ready` (503 while loading, 500 with the error
-//!   if loading failed, then 200), `GET /metrics` (Prometheus, OpenMetrics text).
+//!   `prompt_name`, `dimensions`); answers an array of vectors. `POST /` is the same route, as
+//!   TEI serves it for an embedding model (huggingface_hub's `InferenceClient(model=URL)
+//!   .feature_extraction` posts there).
+//! * `POST /tokenize`: TEI's (`inputs`, `add_special_tokens`, `prompt_name`); answers one list
+//!   of `{id, text, special, start, stop}` per input (byte offsets into prompt + text; nothing
+//!   truncated). `GET /info`: TEI's model description, plus `dimensions`, `backend`, `prompts`
+//!   and `default_prompt_name` (the README lists the fields).
+//! * `GET /health` and `GET /` (200 from the start), `GET /ready` (503 while loading, 500 with
+//!   the error if loading failed, then 200), `GET /metrics` (Prometheus, OpenMetrics text).
 //!
 //! # The request path, and why
 //!
@@ -123,6 +129,14 @@ pub struct Config {
     /// they are admitted into the queue, so a burst of 2 MiB bodies cannot occupy every
     /// thread.
     pub max_tokenizing: usize,
+    /// `model_id` in `GET /info`: the model as the server was given it (a folder or a Hub
+    /// id). `None`: [`Config::model_name`].
+    pub model_id: Option<String>,
+    /// `model_dtype` in `GET /info` (`"float32"`, `"int8"`, `"float16"`, `"bfloat16"`);
+    /// `None`: reported as `null`.
+    pub model_dtype: Option<String>,
+    /// `backend` in `GET /info` (`"ort"`, `"candle"`, `"native"`); `None`: `null`.
+    pub backend: Option<String>,
 }
 
 impl Default for Config {
@@ -137,6 +151,9 @@ impl Default for Config {
             api_key: None,
             request_timeout: Duration::from_secs(60),
             max_tokenizing: std::thread::available_parallelism().map_or(2, usize::from),
+            model_id: None,
+            model_dtype: None,
+            backend: None,
         }
     }
 }

@@ -14,23 +14,29 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use base64::Engine as _;
-use ruri::{Encoding, Error, Prompts, Task, Truncation};
-use tokio::sync::oneshot;
+use ruri::{Encoding, Error, Prompts, Task, TextEmbedder, Truncation};
+use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
 use crate::api::{self, ApiError, EncodingFormat, ErrorKind, Flavor, OpenAiRequest, TeiRequest};
 use crate::queue::{Admission, Job};
-use crate::{App, describe};
+use crate::{App, Shared, describe};
 
 pub(crate) fn router(app: App) -> Router {
     let body_limit = app.shared.config.max_body_bytes;
     // Layers run outside in: the key is checked first, then the timeout covers the rest.
+    // TEI's routes as TEI routes them for an embedding model: `POST /` is `/embed`, and
+    // `/info` and `/tokenize` need the key too; `GET /` is its health check.
     let embedding = Router::new()
         .route("/v1/embeddings", post(openai_embeddings))
         .route("/embed", post(tei_embed))
+        .route("/", post(tei_embed))
+        .route("/tokenize", post(tei_tokenize))
+        .route("/info", get(tei_info))
         .route_layer(middleware::from_fn_with_state(app.clone(), request_timeout))
         .route_layer(middleware::from_fn_with_state(app.clone(), require_api_key));
     Router::new()
         .merge(embedding)
+        .route("/", get(health))
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics_text))
@@ -196,7 +202,8 @@ async fn not_found(request: Request) -> Response {
     ApiError::new(
         ErrorKind::NotFound,
         format!(
-            "no route {} {}; routes: POST /v1/embeddings, POST /embed, GET /health, GET /ready, GET /metrics",
+            "no route {} {}; routes: POST /v1/embeddings, POST /embed (also POST /), \
+             POST /tokenize, GET /info, GET /health (also GET /), GET /ready, GET /metrics",
             request.method(),
             request.uri().path()
         ),
@@ -355,6 +362,98 @@ async fn tei_inner(app: &App, body: Result<Bytes, BytesRejection>) -> Result<Res
     .await
 }
 
+async fn tei_tokenize(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
+    tokenize_inner(&app, body)
+        .await
+        .unwrap_or_else(|e| e.into_response(Flavor::Tei))
+}
+
+/// TEI's `/tokenize`: every token of prompt + text, none truncated (as TEI, a text over the
+/// model's maximum is shown whole, not refused).
+async fn tokenize_inner(
+    app: &App,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let request: api::TeiTokenizeRequest = api::parse_json(body)?;
+    let shared = &app.shared;
+    let engine = loaded_model(shared)?;
+    let config = &shared.config;
+    let texts = request.inputs.0;
+    check_input_count(texts.len(), config)?;
+    let prompt = request_prompt(request.prompt_name.as_deref(), config, &engine)?;
+    let add_special_tokens = request.add_special_tokens;
+    let slot = tokenizing_slot(shared).await?;
+    let small = texts.iter().map(String::len).sum::<usize>() <= INLINE_TEXT_BYTES;
+    run_cpu(small, move || {
+        let _slot = slot;
+        let (tokenizer, whitespace) = (engine.tokenizer(), engine.whitespace());
+        let mut joined = Vec::with_capacity(texts.len());
+        let mut tokens = Vec::with_capacity(texts.len());
+        for (i, text) in texts.iter().enumerate() {
+            joined.push([prompt.as_str(), text].concat());
+            tokens.push(
+                tokenizer
+                    .tokens_with(i, &prompt, text, add_special_tokens, whitespace)
+                    .map_err(|e| {
+                        ApiError::new(ErrorKind::Tokenizer, describe(&Error::from(e)))
+                            .param("input")
+                    })?,
+            );
+        }
+        let answer = joined
+            .iter()
+            .zip(&tokens)
+            .map(|(joined, tokens)| {
+                tokens
+                    .iter()
+                    .map(|token| api::TeiToken::new(joined, token))
+                    .collect::<Option<Vec<_>>>()
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                ApiError::new(
+                    ErrorKind::Backend,
+                    "the tokenizer reported offsets outside the text",
+                )
+            })?;
+        json_response(&answer)
+    })
+    .await
+}
+
+async fn tei_info(State(app): State<App>) -> Response {
+    info_inner(&app).unwrap_or_else(|e| e.into_response(Flavor::Tei))
+}
+
+/// TEI's `/info`, once the model is loaded (its length and width are the model's).
+fn info_inner(app: &App) -> Result<Response, ApiError> {
+    let shared = &app.shared;
+    let engine = loaded_model(shared)?;
+    let config = &shared.config;
+    json_response(&api::TeiInfo {
+        model_id: config.model_id.as_deref().unwrap_or(&config.model_name),
+        model_sha: None,
+        model_dtype: config.model_dtype.as_deref(),
+        served_model_name: &config.model_name,
+        // ruri-core pools by mean only (its `Pooling` has no other mode).
+        model_type: api::TeiModelType::Embedding { pooling: "mean" },
+        max_input_length: engine.max_length(),
+        max_batch_tokens: config.max_merge_tokens,
+        max_batch_requests: None,
+        max_client_batch_size: config.max_inputs,
+        // `truncate` defaults to false on every route.
+        auto_truncate: false,
+        tokenization_workers: config.max_tokenizing.max(1),
+        version: env!("CARGO_PKG_VERSION"),
+        sha: None,
+        docker_label: None,
+        dimensions: engine.dim(),
+        backend: config.backend.as_deref(),
+        prompts: engine.prompts().iter().collect(),
+        default_prompt_name: config.default_prompt_name.as_deref(),
+    })
+}
+
 fn json_response(value: &impl serde::Serialize) -> Result<Response, ApiError> {
     let body = serde_json::to_vec(value)
         .map_err(|e| ApiError::new(ErrorKind::Backend, format!("serializing the answer: {e}")))?;
@@ -383,26 +482,24 @@ async fn run_cpu<T: Send + 'static>(
     })
 }
 
-/// Validates, tokenizes, queues and waits for the model thread's rows.
-async fn embed(app: &App, work: Work) -> Result<Embedded, ApiError> {
-    let shared = &app.shared;
-    let engine = match shared.model.get() {
-        None => {
-            return Err(ApiError::new(
-                ErrorKind::Loading,
-                "the model is loading; retry shortly (GET /ready says when)",
-            ));
-        }
-        Some(Err(message)) => {
-            return Err(ApiError::new(
-                ErrorKind::LoadFailed,
-                format!("the model failed to load: {message}"),
-            ));
-        }
-        Some(Ok(engine)) => Arc::clone(engine),
-    };
-    let config = &shared.config;
-    let n = work.texts.len();
+/// The model, once loaded; 503 while loading or after a failed load.
+fn loaded_model(shared: &Shared) -> Result<Arc<TextEmbedder>, ApiError> {
+    match shared.model.get() {
+        None => Err(ApiError::new(
+            ErrorKind::Loading,
+            "the model is loading; retry shortly (GET /ready says when)",
+        )),
+        Some(Err(message)) => Err(ApiError::new(
+            ErrorKind::LoadFailed,
+            format!("the model failed to load: {message}"),
+        )),
+        Some(Ok(engine)) => Ok(Arc::clone(engine)),
+    }
+}
+
+/// Refuses an empty request and one with more than [`Config::max_inputs`](crate::Config)
+/// texts.
+fn check_input_count(n: usize, config: &crate::Config) -> Result<(), ApiError> {
     if n == 0 {
         return Err(ApiError::new(
             ErrorKind::Invalid,
@@ -420,6 +517,38 @@ async fn embed(app: &App, work: Work) -> Result<Embedded, ApiError> {
         )
         .param("input"));
     }
+    Ok(())
+}
+
+/// The prompt text for a request's `prompt_name`, else the server's default prompt, else none.
+fn request_prompt(
+    prompt_name: Option<&str>,
+    config: &crate::Config,
+    engine: &TextEmbedder,
+) -> Result<String, ApiError> {
+    match prompt_name.or(config.default_prompt_name.as_deref()) {
+        Some(name) => resolve_prompt(engine.prompts(), name),
+        None => Ok(String::new()),
+    }
+}
+
+/// A slot for tokenizing: at most `max_tokenizing` requests do it at once (the rest wait
+/// here, within their request timeout), whatever the number of connections. The slot moves
+/// into the work, so a request that times out while the blocking pool tokenizes it still
+/// holds its slot until that work ends.
+async fn tokenizing_slot(shared: &Shared) -> Result<OwnedSemaphorePermit, ApiError> {
+    Arc::clone(&shared.tokenizing)
+        .acquire_owned()
+        .await
+        .map_err(|_| ApiError::new(ErrorKind::Backend, "the server is shutting down"))
+}
+
+/// Validates, tokenizes, queues and waits for the model thread's rows.
+async fn embed(app: &App, work: Work) -> Result<Embedded, ApiError> {
+    let shared = &app.shared;
+    let engine = loaded_model(shared)?;
+    let config = &shared.config;
+    check_input_count(work.texts.len(), config)?;
     let full_dim = engine.dim();
     let dim = match work.dimensions {
         None => full_dim,
@@ -432,14 +561,7 @@ async fn embed(app: &App, work: Work) -> Result<Embedded, ApiError> {
             .param("dimensions"));
         }
     };
-    let prompt = match work
-        .prompt_name
-        .as_deref()
-        .or(config.default_prompt_name.as_deref())
-    {
-        Some(name) => resolve_prompt(engine.prompts(), name)?,
-        None => String::new(),
-    };
+    let prompt = request_prompt(work.prompt_name.as_deref(), config, &engine)?;
 
     let truncation = if work.truncate {
         Truncation::Truncate
@@ -455,14 +577,7 @@ async fn embed(app: &App, work: Work) -> Result<Embedded, ApiError> {
         .param("normalize"));
     }
     let texts = work.texts;
-    // A slot before tokenizing: at most `max_tokenizing` requests do it at once (the rest
-    // wait here, within their request timeout), whatever the number of connections. The
-    // slot moves into the work, so a request that times out while the blocking pool
-    // tokenizes it still holds its slot until that work ends.
-    let slot = Arc::clone(&shared.tokenizing)
-        .acquire_owned()
-        .await
-        .map_err(|_| ApiError::new(ErrorKind::Backend, "the server is shutting down"))?;
+    let slot = tokenizing_slot(shared).await?;
     let small = texts.iter().map(String::len).sum::<usize>() <= INLINE_TEXT_BYTES;
     let tokenizer_engine = Arc::clone(&engine);
     let encodings = run_cpu(small, move || {

@@ -152,6 +152,42 @@ impl Encoding {
     }
 }
 
+/// One token of a text as a tokenize endpoint shows it ([`Tokenizer::tokens_with`]): its id,
+/// its vocabulary piece, whether the post-processor added it, and the bytes of prompt + text
+/// it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Token {
+    id: u32,
+    piece: String,
+    special: bool,
+    offsets: Option<(usize, usize)>,
+}
+
+impl Token {
+    /// The token id.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// The vocabulary's string for this id (`"<s>"`, `"▁猫"`, a byte piece `"<0xE7>"`).
+    pub fn piece(&self) -> &str {
+        &self.piece
+    }
+
+    /// Whether the post-processor added this token (`<s>`, `</s>`): the `tokenizers` crate's
+    /// special-tokens mask. A special token written in the text itself is not one.
+    pub fn is_special(&self) -> bool {
+        self.special
+    }
+
+    /// The UTF-8 byte range of `prompt + text` (as given, before any whitespace policy) this
+    /// token came from; `None` for a [special](Token::is_special) token. The byte pieces of
+    /// one character (byte fallback) share that character's range.
+    pub fn offsets(&self) -> Option<std::ops::Range<usize>> {
+        self.offsets.map(|(start, stop)| start..stop)
+    }
+}
+
 /// A Ruri tokenizer: `tokenizer.json` plus the model's maximum length and pad id.
 #[derive(Debug, Clone)]
 pub struct Tokenizer {
@@ -322,5 +358,66 @@ impl Tokenizer {
             ids: encoding.get_ids().to_vec(),
             untruncated_len,
         })
+    }
+
+    /// Every token of `prompt + text` with its piece and byte offsets, under a [`Whitespace`]
+    /// policy, with `<s>`/`</s>` when `add_special_tokens`: what text-embeddings-inference's
+    /// `/tokenize` shows. Nothing is truncated, whatever the maximum length; with special
+    /// tokens the ids are those [`Tokenizer::encode_with`] gives an untruncated text. The
+    /// `index` only labels errors.
+    ///
+    /// Offsets count bytes of `prompt + text` as given: under [`Whitespace::Strip`] they skip
+    /// the leading whitespace the tokenizer did not see.
+    ///
+    /// ```
+    /// use ruri_tokenize::{Tokenizer, Whitespace};
+    ///
+    /// # let json = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/tiny/tokenizer.json")).unwrap();
+    /// let tokenizer = Tokenizer::from_json(&json, 512, None)?;
+    /// let tokens = tokenizer.tokens_with(0, "", "瑠璃色", true, Whitespace::Keep)?;
+    /// assert_eq!(tokens.first().map(|t| t.piece()), Some("<s>"));
+    /// assert!(tokens[0].is_special() && tokens[0].offsets().is_none());
+    /// assert_eq!(tokens[1].offsets().map(|r| r.start), Some(0));
+    /// # Ok::<(), ruri_tokenize::TokenizeError>(())
+    /// ```
+    pub fn tokens_with(
+        &self,
+        index: usize,
+        prompt: &str,
+        text: &str,
+        add_special_tokens: bool,
+        whitespace: Whitespace,
+    ) -> Result<Vec<Token>> {
+        let input = whitespace.apply(prompt, text);
+        // What the policy removed from the front of prompt + text: the tokenizer's offsets
+        // start after it.
+        let leading = |s: &str| s.len() - s.trim_start_matches(is_python_whitespace).len();
+        let shift = match whitespace {
+            Whitespace::Keep => 0,
+            Whitespace::Strip if leading(prompt) == prompt.len() => prompt.len() + leading(text),
+            Whitespace::Strip => leading(prompt),
+        };
+        // `encode` (not `encode_fast`) tracks byte offsets; the tokenizer carries no
+        // truncation (`from_json` removed it), so every token is kept.
+        let encoding =
+            with_engine!(&self.engine, t => t.encode(input.as_ref(), add_special_tokens))
+                .map_err(|source| TokenizeError::Tokenizer { index, source })?;
+        let tokens = encoding
+            .get_ids()
+            .iter()
+            .zip(encoding.get_tokens())
+            .zip(encoding.get_special_tokens_mask())
+            .zip(encoding.get_offsets())
+            .map(|(((&id, piece), &mask), &(start, stop))| {
+                let special = mask == 1;
+                Token {
+                    id,
+                    piece: piece.clone(),
+                    special,
+                    offsets: (!special).then_some((start + shift, stop + shift)),
+                }
+            })
+            .collect();
+        Ok(tokens)
     }
 }

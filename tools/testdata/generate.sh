@@ -79,6 +79,10 @@ if [[ "$target" == tiny || "$target" == all ]]; then
   "$PY" "$here/make_references.py" --model-dir "$OUT_ROOT/tiny" --model-dir-label testdata/tiny \
     --inputs testdata/hostile_inputs.json --out "$OUT_ROOT/reference/tiny_hostile.json" \
     --seed "$SEED" --command "tools/testdata/generate.sh tiny"
+  # What text-embeddings-inference's /tokenize answers (Python's tokenizers), for ruri-server.
+  "$PY" "$here/make_token_references.py" --model-dir "$OUT_ROOT/tiny" \
+    --model-dir-label testdata/tiny --inputs testdata/inputs.json testdata/hostile_inputs.json \
+    --max-chars 300 --out "$OUT_ROOT/reference/tiny_tokens.json"
 fi
 if [[ "$target" == 30m || "$target" == all ]]; then
   build 30m 30m 102400 "$GEN/ruri-v3-30m-shape" "$GEN/reference/ruri-v3-30m-shape.json" \

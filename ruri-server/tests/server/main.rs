@@ -8,11 +8,12 @@
 //! and from the Python references (`testdata/reference/tiny.json`).
 //!
 //! One test binary (one link, one build of the helpers): `support` holds what the tests
-//! share; `routes`, `limits`, `queue`, `lifecycle` and `timers` the tests, by topic.
+//! share; `routes`, `tei`, `limits`, `queue`, `lifecycle` and `timers` the tests, by topic.
 
 mod lifecycle;
 mod limits;
 mod queue;
 mod routes;
 mod support;
+mod tei;
 mod timers;
