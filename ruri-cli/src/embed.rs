@@ -273,6 +273,7 @@ pub fn run(args: EmbedArgs) -> Result<(), String> {
         .tokenize(&[""], &options)
         .map_err(|e| describe(&e))?;
     let dim = embedder.dim();
+    let loaded = Instant::now();
     let ranges = match &args.calibration {
         None => None,
         Some(path) => {
@@ -354,7 +355,7 @@ pub fn run(args: EmbedArgs) -> Result<(), String> {
         }
         chunks += 1;
         if let Some(bar) = &progress {
-            let secs = start.elapsed().as_secs_f64().max(1e-9);
+            let secs = loaded.elapsed().as_secs_f64().max(1e-9);
             bar.set_position(source.position());
             bar.set_message(format!(
                 "{} texts · {:.0} texts/s · {:.0} tokens/s",
@@ -418,7 +419,7 @@ pub fn run(args: EmbedArgs) -> Result<(), String> {
     }
 
     if !args.quiet {
-        summary(&before, &now, start, &args.output);
+        summary(&before, &now, start, loaded, &args.output);
     }
     Ok(())
 }
@@ -672,8 +673,11 @@ fn test_stop_after() -> Option<u64> {
         .ok()
 }
 
-fn summary(before: &Stats, now: &Stats, start: Instant, output: &Path) {
+/// One line on stderr; the rates are over the time since the model loaded.
+fn summary(before: &Stats, now: &Stats, start: Instant, loaded: Instant, output: &Path) {
     let secs = start.elapsed().as_secs_f64();
+    let load = (loaded - start).as_secs_f64();
+    let embedding = loaded.elapsed().as_secs_f64().max(1e-9);
     let texts = before.texts + now.texts;
     let tokens = before.tokens + now.tokens;
     let truncated = before.truncated + now.truncated;
@@ -690,10 +694,10 @@ fn summary(before: &Stats, now: &Stats, start: Instant, output: &Path) {
     };
     eprintln!(
         "ruri embed: {texts} texts, {tokens} tokens, {truncated} truncated, {} skipped → {target} \
-         in {secs:.2} s ({:.0} texts/s, {:.0} tokens/s{resumed})",
+         in {secs:.2} s (model load {load:.2} s; {:.0} texts/s, {:.0} tokens/s{resumed})",
         skipped.len(),
-        now.texts as f64 / secs.max(1e-9),
-        now.tokens as f64 / secs.max(1e-9),
+        now.texts as f64 / embedding,
+        now.tokens as f64 / embedding,
     );
     for (location, message) in skipped {
         eprintln!("  skipped {location}: {message}");
