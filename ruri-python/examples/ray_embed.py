@@ -45,7 +45,13 @@ def main() -> None:
         pq.write_table(pa.table({"id": list(range(len(texts))), "text": texts}), args.input)
 
     ray.init(address=args.address)
-    ds = ray.data.read_parquet(args.input)
+    # The read takes no CPU, so it runs even when the actors hold every CPU (e.g. --workers 2
+    # on a 2-core machine). Ray 2.60's default Parquet reader (DataSourceV2) lists files in a
+    # task of one CPU whatever num_cpus says, which then never runs: use the classic reader.
+    context = ray.data.DataContext.get_current()
+    if hasattr(context, "use_datasource_v2"):
+        context.use_datasource_v2 = False
+    ds = ray.data.read_parquet(args.input, num_cpus=0)
     ds = ds.map_batches(
         ruri.ray.Embed,
         fn_constructor_kwargs={"model": args.model, "backend": args.backend,
