@@ -5,10 +5,11 @@ use std::io::Write;
 use std::sync::Arc;
 
 use arrow_array::builder::{
-    BooleanBuilder, FixedSizeListBuilder, Float32Builder, Int8Builder, Int32Builder, Int64Builder,
-    StringBuilder, UInt8Builder,
+    BooleanBuilder, FixedSizeListBuilder, Int32Builder, Int64Builder, PrimitiveBuilder,
+    StringBuilder,
 };
-use arrow_array::{ArrayRef, RecordBatch};
+use arrow_array::types::{Float32Type, Int8Type, UInt8Type};
+use arrow_array::{ArrayRef, ArrowPrimitiveType, RecordBatch};
 use arrow_schema::{DataType, Field, Schema};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
@@ -349,37 +350,27 @@ fn record_batch(meta: &[RowMeta], values: &Values, width: usize) -> Result<Recor
     meta.iter()
         .for_each(|m| truncated.append_value(m.truncated));
     columns.push(Arc::new(truncated.finish()));
-    let n = width as i32;
     let (item, list): (DataType, ArrayRef) = match values {
-        Values::F32(v) => {
-            let mut b = FixedSizeListBuilder::new(Float32Builder::with_capacity(v.len()), n)
-                .with_field(Field::new("item", DataType::Float32, false));
-            for row in v.chunks_exact(width) {
-                b.values().append_slice(row);
-                b.append(true);
-            }
-            (DataType::Float32, Arc::new(b.finish()))
-        }
-        Values::I8(v) => {
-            let mut b = FixedSizeListBuilder::new(Int8Builder::with_capacity(v.len()), n)
-                .with_field(Field::new("item", DataType::Int8, false));
-            for row in v.chunks_exact(width) {
-                b.values().append_slice(row);
-                b.append(true);
-            }
-            (DataType::Int8, Arc::new(b.finish()))
-        }
-        Values::U8(v) => {
-            let mut b = FixedSizeListBuilder::new(UInt8Builder::with_capacity(v.len()), n)
-                .with_field(Field::new("item", DataType::UInt8, false));
-            for row in v.chunks_exact(width) {
-                b.values().append_slice(row);
-                b.append(true);
-            }
-            (DataType::UInt8, Arc::new(b.finish()))
-        }
+        Values::F32(v) => (DataType::Float32, fixed_size_list::<Float32Type>(v, width)),
+        Values::I8(v) => (DataType::Int8, fixed_size_list::<Int8Type>(v, width)),
+        Values::U8(v) => (DataType::UInt8, fixed_size_list::<UInt8Type>(v, width)),
     };
     columns.push(list);
     RecordBatch::try_new(Arc::new(schema(id, item, width)), columns)
         .map_err(|e| format!("writing Parquet: {e}"))
+}
+
+/// `values` (rows × `width`) as a list column of `width` non-null items a row.
+fn fixed_size_list<T: ArrowPrimitiveType>(values: &[T::Native], width: usize) -> ArrayRef {
+    let items = PrimitiveBuilder::<T>::with_capacity(values.len());
+    let mut list = FixedSizeListBuilder::new(items, width as i32).with_field(Field::new(
+        "item",
+        T::DATA_TYPE,
+        false,
+    ));
+    for row in values.chunks_exact(width) {
+        list.values().append_slice(row);
+        list.append(true);
+    }
+    Arc::new(list.finish())
 }
