@@ -154,10 +154,29 @@ struct Stats {
     tokens: u64,
     truncated: u64,
     skipped: Vec<(Location, String)>,
+    /// Per-dimension minimum and maximum of the vectors so far (the corpus's int8/uint8
+    /// ranges), kept only when asked for: the spool is not read a second time for them.
+    bounds: Option<(Vec<f32>, Vec<f32>)>,
 }
 
 impl Stats {
+    /// Stats that also track the vectors' per-dimension bounds.
+    fn with_bounds(dim: usize) -> Self {
+        Stats {
+            bounds: Some((vec![f32::INFINITY; dim], vec![f32::NEG_INFINITY; dim])),
+            ..Stats::default()
+        }
+    }
+
     fn add(&mut self, chunk: &Chunk) {
+        if let Some((min, max)) = &mut self.bounds {
+            for row in chunk.vectors.chunks_exact(min.len()) {
+                for ((lo, hi), &v) in min.iter_mut().zip(max.iter_mut()).zip(row) {
+                    *lo = lo.min(v);
+                    *hi = hi.max(v);
+                }
+            }
+        }
         self.records += chunk.records;
         self.texts += chunk.meta.len() as u64;
         self.tokens += chunk.meta.iter().map(|m| u64::from(m.tokens)).sum::<u64>();
@@ -298,7 +317,14 @@ pub fn run(args: EmbedArgs) -> Result<(), String> {
         quantize: quantize.map(|q| (q, ranges)),
     };
 
-    let mut before = Stats::default();
+    let new_stats = || {
+        if corpus_ranges {
+            Stats::with_bounds(dim)
+        } else {
+            Stats::default()
+        }
+    };
+    let mut before = new_stats();
     let mut sink = if to_stdout && output_format != OutputFormat::Npy && !corpus_ranges {
         let out = BufWriter::new(io::stdout());
         Sink::Direct(Box::new(Encoder::new(output_format, out, &storage, None)?))
@@ -338,7 +364,7 @@ pub fn run(args: EmbedArgs) -> Result<(), String> {
     let progress =
         (!args.quiet && io::stderr().is_terminal()).then(|| progress_bar(source.total()));
     let stop_after = test_stop_after();
-    let mut now = Stats::default();
+    let mut now = new_stats();
     let mut records = Vec::with_capacity(args.chunk);
     let mut chunks = 0u64;
     loop {
@@ -384,7 +410,7 @@ pub fn run(args: EmbedArgs) -> Result<(), String> {
             if corpus_ranges {
                 let precision = quantize.expect("corpus ranges are for a quantization");
                 storage.quantize =
-                    Some((precision, Some(corpus_ranges_of(&chunks, dim, precision)?)));
+                    Some((precision, Some(corpus_ranges_of(&before, &now, precision)?)));
             }
             let rows = before.texts + now.texts;
             let with_ids = args.id_field.is_some();
@@ -594,31 +620,26 @@ fn embed_chunk(
 }
 
 /// int8's and uint8's ranges from the whole corpus (sentence-transformers' rule without a
-/// calibration set: the minimum and maximum of the embeddings being quantized).
+/// calibration set: the minimum and maximum of the embeddings being quantized), from the
+/// bounds the resumed and the new chunks were added with.
 fn corpus_ranges_of(
-    chunks: &[PathBuf],
-    dim: usize,
+    before: &Stats,
+    now: &Stats,
     precision: Quantization,
 ) -> Result<QuantizationRanges, String> {
-    let mut min = vec![f32::INFINITY; dim];
-    let mut max = vec![f32::NEG_INFINITY; dim];
-    let mut rows = 0u64;
-    for path in chunks {
-        let chunk = spool::read_chunk(path)?;
-        for row in chunk.vectors.chunks_exact(dim) {
-            for ((lo, hi), &v) in min.iter_mut().zip(max.iter_mut()).zip(row) {
-                *lo = lo.min(v);
-                *hi = hi.max(v);
-            }
-        }
-        rows += chunk.meta.len() as u64;
-    }
+    let rows = before.texts + now.texts;
     if rows < 2 {
         return Err(format!(
             "--quantize {precision} without --calibration takes its ranges from the corpus, \
              which needs at least two embedded texts ({rows} here)"
         ));
     }
+    let ((min, max), (min_now, max_now)) = match (&before.bounds, &now.bounds) {
+        (Some(b), Some(n)) => (b.clone(), n),
+        _ => unreachable!("both track bounds when the corpus gives the ranges"),
+    };
+    let min = min.iter().zip(min_now).map(|(a, b)| a.min(*b)).collect();
+    let max = max.iter().zip(max_now).map(|(a, b)| a.max(*b)).collect();
     QuantizationRanges::new(min, max)
         .map_err(|e| format!("--quantize {precision}: {}", describe(&e)))
 }

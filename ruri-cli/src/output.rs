@@ -76,16 +76,20 @@ impl Storage {
     }
 }
 
-/// The stored values of a chunk.
-enum Values {
-    F32(Vec<f32>),
+/// The stored values of a chunk: the vectors themselves, or their quantized bytes.
+enum Values<'a> {
+    F32(&'a [f32]),
     I8(Vec<i8>),
     U8(Vec<u8>),
 }
 
-fn values(storage: &Storage, meta: &[RowMeta], vectors: &[f32]) -> Result<Values, String> {
+fn values<'a>(
+    storage: &Storage,
+    meta: &[RowMeta],
+    vectors: &'a [f32],
+) -> Result<Values<'a>, String> {
     let Some((precision, ranges)) = &storage.quantize else {
-        return Ok(Values::F32(vectors.to_vec()));
+        return Ok(Values::F32(vectors));
     };
     let embeddings = Embeddings::from_parts(
         vectors.to_vec(),

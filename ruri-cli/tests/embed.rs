@@ -486,8 +486,15 @@ fn an_interrupted_run_resumes_to_the_same_bytes() {
     let input = dir.path().join("corpus.jsonl");
     fs::write(&input, corpus(40)).unwrap();
     let inp = input.to_str().unwrap();
-    for ext in ["jsonl", "npy", "parquet"] {
-        let whole = dir.path().join(format!("whole.{ext}"));
+    // The last case quantizes with the corpus's ranges: the resumed run must take the
+    // chunks it kept into them.
+    for (name, ext, quantize) in [
+        ("f32", "jsonl", None),
+        ("f32", "npy", None),
+        ("f32", "parquet", None),
+        ("int8", "npy", Some("int8")),
+    ] {
+        let whole = dir.path().join(format!("whole-{name}.{ext}"));
         let mut args = vec![
             "--input",
             inp,
@@ -499,10 +506,13 @@ fn an_interrupted_run_resumes_to_the_same_bytes() {
         if ext != "npy" {
             args.extend(["--id-field", "id"]);
         }
+        if let Some(precision) = quantize {
+            args.extend(["--quantize", precision]);
+        }
         ok(embed(&args, None));
 
-        let part = dir.path().join(format!("part.{ext}"));
-        let partial = dir.path().join(format!("part.{ext}.ruri-partial"));
+        let part = dir.path().join(format!("part-{name}.{ext}"));
+        let partial = dir.path().join(format!("part-{name}.{ext}.ruri-partial"));
         let p = part.to_str().unwrap().to_owned();
         let args: Vec<&str> = args
             .iter()
