@@ -829,44 +829,6 @@ fn concurrent_processes_and_the_environment() {
     assert!(stdout.contains("CHILD-OK 64"), "{stdout}");
 }
 
-/// `RURI_TEST_PYTHON`, else the test-data venv, else `None` (with a notice).
-fn python() -> Option<PathBuf> {
-    if let Some(python) = std::env::var_os("RURI_TEST_PYTHON") {
-        return Some(PathBuf::from(python));
-    }
-    let venv = repo_root().join(".venv-testdata/bin/python");
-    if venv.is_file() {
-        return Some(venv);
-    }
-    let how = "set RURI_TEST_PYTHON to a Python with huggingface_hub (or create .venv-testdata)";
-    // In CI the check must run: a missing Python fails it instead of passing it silently.
-    assert!(
-        !in_ci(std::env::var("CI").ok().as_deref()),
-        "CI is set but no Python for the huggingface_hub check: {how}"
-    );
-    eprintln!("SKIPPED: Python's huggingface_hub check: {how}");
-    None
-}
-
-/// Whether `CI` (the variable CI services set) says this is a CI run: set, and not "0" or
-/// "false".
-fn in_ci(ci: Option<&str>) -> bool {
-    ci.is_some_and(|v| {
-        let v = v.trim();
-        !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("false")
-    })
-}
-
-#[test]
-fn ci_is_read_as_ci_services_set_it() {
-    for on in ["true", "1", "yes"] {
-        assert!(in_ci(Some(on)), "{on}");
-    }
-    for off in [None, Some(""), Some("0"), Some("false"), Some("FALSE")] {
-        assert!(!in_ci(off), "{off:?}");
-    }
-}
-
 fn run_python(python: &Path, script: &str, envs: &[(&str, &str)]) -> String {
     let mut command = Command::new(python);
     command
@@ -890,7 +852,9 @@ fn run_python(python: &Path, script: &str, envs: &[(&str, &str)]) -> String {
 
 #[test]
 fn python_huggingface_hub_reads_what_ruri_cached_and_the_reverse() {
-    let Some(python) = python() else { return };
+    let Some(python) = ruri_testkit::hub_python("Python's huggingface_hub check") else {
+        return;
+    };
     let (mock, cache) = start();
     ruri::candle::builder()
         .build_from_hub(

@@ -13,7 +13,7 @@ use serde_json::json;
 
 use crate::support::{
     SAME_MODEL, VS_PYTHON, assert_close, client_texts, library_vectors, norm, openai_vectors,
-    ready_server, tei_vectors, tiny,
+    ready_server, task, tei_vectors, tiny,
 };
 
 /// Every committed input, grouped by prompt, through both routes: the vectors are the
@@ -30,10 +30,7 @@ async fn vectors_equal_the_library_and_python_on_both_routes() {
             .filter(|item| item.prompt_name == prompt_name)
             .collect();
         let texts: Vec<&str> = items.iter().map(|item| item.text.as_str()).collect();
-        let task = match prompt_name {
-            "" => Task::None,
-            name => Task::Named(name.to_owned()),
-        };
+        let task = task(prompt_name);
         let expected = library
             .embed_with(&texts, &EmbedOptions::new(task.clone()))
             .unwrap();

@@ -431,3 +431,11 @@ pub(crate) fn library_vectors(embedder: &TextEmbedder, texts: &[String]) -> Vec<
         .unwrap()
         .to_vecs()
 }
+
+/// The task a reference item's `prompt_name` names (`""`: no prompt).
+pub fn task(prompt_name: &str) -> Task {
+    match prompt_name {
+        "" => Task::None,
+        name => Task::Named(name.to_owned()),
+    }
+}

@@ -14,20 +14,13 @@ use hyper::StatusCode;
 use hyper::header;
 use ruri::{EmbedOptions, Task, Truncation};
 use ruri_server::Config;
-use ruri_testkit::{Reference, repo_root, testdata_dir};
+use ruri_testkit::{Reference, testdata_dir};
 use serde_json::{Value, json};
 
 use crate::support::{
-    Gate, SAME_MODEL, VS_PYTHON, assert_close, floats, load_tiny, norm, ready_server, spawn,
+    Gate, SAME_MODEL, VS_PYTHON, assert_close, floats, load_tiny, norm, ready_server, spawn, task,
     tei_vectors, tiny,
 };
-
-fn task(prompt_name: &str) -> Task {
-    match prompt_name {
-        "" => Task::None,
-        name => Task::Named(name.to_owned()),
-    }
-}
 
 /// `POST /` answers what `POST /embed` answers, for every committed input (both normalized
 /// and raw), and both equal the library and Python.
@@ -423,30 +416,6 @@ async fn the_api_key_guards_the_tei_routes_as_tei() {
     assert_eq!(server.get("/").await.status, StatusCode::OK);
 }
 
-/// `RURI_TEST_PYTHON`, else the test-data venv, else `None` with a notice, as the Hub tests
-/// (`tests/hub.rs`) choose it; with `CI` set, a missing Python fails the test.
-fn python() -> Option<PathBuf> {
-    if let Some(python) = std::env::var_os("RURI_TEST_PYTHON") {
-        return Some(PathBuf::from(python));
-    }
-    let venv = repo_root().join(".venv-testdata/bin/python");
-    if venv.is_file() {
-        return Some(venv);
-    }
-    let how = "set RURI_TEST_PYTHON to a Python with huggingface_hub (or create .venv-testdata)";
-    let ci = std::env::var("CI").ok();
-    let in_ci = ci.as_deref().is_some_and(|v| {
-        let v = v.trim();
-        !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("false")
-    });
-    assert!(
-        !in_ci,
-        "CI is set but no Python for the huggingface_hub client: {how}"
-    );
-    eprintln!("SKIPPED: huggingface_hub's InferenceClient against the server: {how}");
-    None
-}
-
 /// Runs `hf_client.py` on `cases` against `url`, off the async workers (the server under
 /// test runs on them).
 async fn run_client(python: PathBuf, url: String, token: Option<&str>, cases: Value) -> Vec<Value> {
@@ -528,7 +497,11 @@ fn client_vectors(answer: &Value, n: usize, dim: usize, what: &str) -> Vec<Vec<f
 /// the library's and Python's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn huggingface_hub_inference_client_feature_extraction() {
-    let Some(python) = python() else { return };
+    let Some(python) =
+        ruri_testkit::hub_python("huggingface_hub's InferenceClient against the server")
+    else {
+        return;
+    };
     let server = ready_server(Config::default()).await;
     let url = format!("http://{}", server.addr);
     let library = tiny();

@@ -19,6 +19,36 @@ pub use proptest;
 /// The temporary folder [`tiny_model_copy`] returns.
 pub use tempfile::TempDir;
 
+/// Whether `CI` (the variable CI services set) says this is a CI run: set, and not "0" or
+/// "false".
+pub fn in_ci(ci: Option<&str>) -> bool {
+    ci.is_some_and(|v| {
+        let v = v.trim();
+        !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("false")
+    })
+}
+
+/// The Python with `huggingface_hub` that the tests driving Python's Hub client run:
+/// `RURI_TEST_PYTHON` (tools/test.sh sets it), else the test-data venv, else `None` after a
+/// notice that the check named `what` is skipped. Under CI a missing Python fails the test
+/// instead of passing it silently.
+pub fn hub_python(what: &str) -> Option<PathBuf> {
+    if let Some(python) = std::env::var_os("RURI_TEST_PYTHON") {
+        return Some(PathBuf::from(python));
+    }
+    let venv = repo_root().join(".venv-testdata/bin/python");
+    if venv.is_file() {
+        return Some(venv);
+    }
+    let how = "set RURI_TEST_PYTHON to a Python with huggingface_hub (or create .venv-testdata)";
+    assert!(
+        !in_ci(std::env::var("CI").ok().as_deref()),
+        "CI is set but no Python for {what}: {how}"
+    );
+    eprintln!("SKIPPED: {what}: {how}");
+    None
+}
+
 /// The workspace root.
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -438,3 +468,18 @@ const OrtApiBase *OrtGetApiBase(void) {
 }
 #endif
 "#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ci_is_read_as_ci_services_set_it() {
+        for on in ["true", "1", "yes"] {
+            assert!(in_ci(Some(on)), "{on}");
+        }
+        for off in [None, Some(""), Some("0"), Some("false"), Some("FALSE")] {
+            assert!(!in_ci(off), "{off:?}");
+        }
+    }
+}
