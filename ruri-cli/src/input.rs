@@ -8,7 +8,7 @@ use std::fs::File;
 use std::io::BufRead;
 use std::sync::Arc;
 
-use arrow_array::{Array, RecordBatch, cast::AsArray};
+use arrow_array::{Array, ArrayRef, RecordBatch, cast::AsArray};
 use arrow_schema::DataType;
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
@@ -466,16 +466,8 @@ impl Parquet {
         })
     }
 
-    fn value(
-        &self,
-        batch: &RecordBatch,
-        name: &str,
-        i: usize,
-        id: bool,
-    ) -> Result<Option<Id>, String> {
-        let column = batch
-            .column_by_name(name)
-            .expect("the projection holds the column");
+    /// Row `i` of `column` (named `name`, for messages): a string, or an integer id.
+    fn value(column: &ArrayRef, name: &str, i: usize, id: bool) -> Result<Option<Id>, String> {
         if column.is_null(i) {
             return Err(format!("has a null \"{name}\""));
         }
@@ -529,17 +521,26 @@ impl Source for Parquet {
                 },
             };
             let end = batch.num_rows().min(self.offset + (max - taken));
+            // The columns are looked up once a batch, not once a row.
+            let column = |name: &str| {
+                Arc::clone(
+                    batch
+                        .column_by_name(name)
+                        .expect("the projection holds the column"),
+                )
+            };
+            let text_column = column(&self.fields.text);
+            let id_column = self.fields.id.as_deref().map(|name| (name, column(name)));
             for i in self.offset..end {
                 let row = self.batch_start + i as u64;
-                let text = self
-                    .value(&batch, &self.fields.text, i, false)
-                    .map(|t| match t {
+                let text =
+                    Self::value(&text_column, &self.fields.text, i, false).map(|t| match t {
                         Some(Id::Str(s)) => s,
                         _ => unreachable!("the text column holds strings"),
                     });
                 let content = text.and_then(|text| {
-                    let id = match &self.fields.id {
-                        Some(name) => self.value(&batch, name, i, true)?,
+                    let id = match &id_column {
+                        Some((name, column)) => Self::value(column, name, i, true)?,
                         None => None,
                     };
                     Ok((text, id))
