@@ -28,7 +28,7 @@ const MAX_OUTLIERS: usize = 8;
 const WRITER_SHARE: f64 = 0.5;
 
 /// Below this many rows a layer runs on one thread: splitting costs more than it saves.
-const PARALLEL_MIN_ROWS: usize = 4;
+pub(crate) const PARALLEL_MIN_ROWS: usize = 4;
 /// Rows are split evenly (the microkernels take tiles of any height up to theirs; a query
 /// of 10 tokens splits 5 + 5 rather than 6 + 4).
 const ROW_GRAIN: usize = 1;
@@ -42,23 +42,27 @@ pub(crate) enum Linear {
         n: usize,
         k: usize,
     },
-    Int8 {
-        packed: PackedWeights,
-        /// Input channels computed in f32, ascending.
-        outliers: Vec<usize>,
-        /// `outliers.len() × n`: their weights, one row per outlier channel.
-        outlier_w: Vec<f32>,
-        /// The input channels this product reads (`packed.k` of the `k_in` of x).
-        columns: Columns,
-        /// Width of the input rows.
-        k_in: usize,
-    },
+    Int8(Int8),
     /// Two int8 products over disjoint column groups (see [`detect_writers`]), each
     /// quantized on its own; `main` is added first.
     Split {
-        main: Box<Linear>,
-        side: Box<Linear>,
+        main: Int8,
+        side: Int8,
     },
+}
+
+/// One int8 product.
+#[derive(Debug)]
+pub(crate) struct Int8 {
+    packed: PackedWeights,
+    /// Input channels computed in f32, ascending (only with [`Columns::All`]).
+    outliers: Vec<usize>,
+    /// `outliers.len() × n`: their weights, one row per outlier channel.
+    outlier_w: Vec<f32>,
+    /// The input channels this product reads (`packed.k` of the `k_in` of x).
+    columns: Columns,
+    /// Width of the input rows.
+    k_in: usize,
 }
 
 /// The input channels an int8 product reads.
@@ -81,16 +85,17 @@ impl Columns {
 }
 
 /// Quantizes `x` to `out` (symmetric 8-bit); returns the dequantization scale (0 for a zero
-/// row, NaN for a row that is not finite).
-pub(crate) fn quantize_row(x: &[f32], out: &mut [i8]) -> f32 {
-    let max = simd_f32::quantize_row(x, out);
-    if max == 0.0 {
+/// row, NaN for a row that is not finite) and the sum of the bytes written.
+pub(crate) fn quantize_row(x: &[f32], out: &mut [i8]) -> (f32, i32) {
+    let (max, sum) = simd_f32::quantize_row(x, out);
+    let scale = if max == 0.0 {
         0.0
     } else if !max.is_finite() {
         f32::NAN
     } else {
         max / 127.0
-    }
+    };
+    (scale, sum)
 }
 
 /// Input channels that write one output channel: where that channel holds at least
@@ -132,6 +137,128 @@ pub(crate) fn detect_outliers(w: &[f32], n: usize, k: usize) -> Vec<usize> {
     found
 }
 
+/// Grows `v` to at least `len` (new values `T::default()`); what it held is not cleared:
+/// the callers overwrite what they read.
+fn grow<T: Copy + Default>(v: &mut Vec<T>, len: usize) {
+    if v.len() < len {
+        v.resize(len, T::default());
+    }
+}
+
+impl Int8 {
+    /// From `n × k` fp32 weights (their outlier columns are zeroed in place).
+    fn new(
+        kernel: Kernel,
+        w: &mut [f32],
+        n: usize,
+        k: usize,
+        outliers: Vec<usize>,
+        q: &mut Vec<i8>,
+    ) -> Self {
+        let mut outlier_w = vec![0.0f32; outliers.len() * n];
+        for (j, row) in w.chunks_exact_mut(k).enumerate() {
+            for (i, &c) in outliers.iter().enumerate() {
+                outlier_w[i * n + j] = row[c];
+                row[c] = 0.0;
+            }
+        }
+        q.clear();
+        q.resize(n * k, 0);
+        let scales = w
+            .chunks_exact(k)
+            .zip(q.chunks_exact_mut(k))
+            .map(|(row, out)| quantize_row(row, out).0)
+            .collect();
+        Int8 {
+            packed: PackedWeights::pack(kernel, q, n, k, scales),
+            outliers,
+            outlier_w,
+            columns: Columns::All,
+            k_in: k,
+        }
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.packed.heap_bytes() + 4 * self.outlier_w.len()
+    }
+
+    /// Quantizes input row `r` (`k_in` wide, the call's own copy: its outlier channels are
+    /// moved to `outlier_x`, `outliers.len()` values, and zeroed) into `q`.
+    fn stage(
+        &self,
+        r: usize,
+        row: &mut [f32],
+        q: &mut QuantRows,
+        outlier_x: &mut [f32],
+        gather: &mut Vec<f32>,
+    ) {
+        for (o, &ch) in outlier_x.iter_mut().zip(&self.outliers) {
+            *o = row[ch];
+            row[ch] = 0.0;
+        }
+        let src: &[f32] = match &self.columns {
+            Columns::All => row,
+            Columns::Range(range) => &row[range.clone()],
+            Columns::Pick(columns) => {
+                gather.clear();
+                gather.extend(columns.iter().map(|&ch| row[ch]));
+                gather
+            }
+        };
+        let kq = self.packed.k;
+        let (scale, sum) = quantize_row(src, &mut q.row_mut(r)[..kq]);
+        q.scales[r] = scale;
+        q.sums[r] = sum;
+    }
+
+    /// The integer products of every staged row.
+    fn run(&self, q: &QuantRows, acc: &mut Vec<i32>) {
+        grow(acc, q.rows() * self.packed.n_padded);
+        self.packed.gemm(q, acc);
+    }
+
+    /// Row `r` of the output: `y = (f32(acc) · s_x) · s_w`, then `y += x_c · w_c` for each
+    /// outlier channel in order, stored in or added to `out` (one pass per step, each
+    /// vectorizable). `xo`: row `r`'s outlier inputs.
+    #[allow(clippy::too_many_arguments)]
+    fn row_out(
+        &self,
+        r: usize,
+        q: &QuantRows,
+        acc: &[i32],
+        xo: &[f32],
+        out: &mut [f32],
+        accumulate: bool,
+        tmp: &mut Vec<f32>,
+    ) {
+        let (n, np) = (self.packed.n, self.packed.n_padded);
+        let (acc, sa, sw) = (&acc[r * np..r * np + n], q.scales[r], &self.packed.scales);
+        if self.outliers.is_empty() {
+            simd_f32::dequantize_row(acc, sa, sw, out, accumulate);
+            return;
+        }
+        // With outliers the row is built in `out` first when storing, or in `tmp` (the
+        // call's scratch) when adding: the outlier terms join y before y joins the residual.
+        let target: &mut [f32] = if accumulate {
+            tmp.resize(n, 0.0);
+            tmp
+        } else {
+            out
+        };
+        simd_f32::dequantize_row(acc, sa, sw, target, false);
+        for (&xc, w) in xo.iter().zip(self.outlier_w.chunks_exact(n)) {
+            for (t, &w) in target.iter_mut().zip(w) {
+                *t += xc * w;
+            }
+        }
+        if accumulate {
+            for (o, &t) in out.iter_mut().zip(tmp.iter()) {
+                *o += t;
+            }
+        }
+    }
+}
+
 impl Linear {
     /// An fp32 layer from `n × k` weights.
     pub(crate) fn fp32(w: &[f32], n: usize, k: usize) -> Self {
@@ -152,27 +279,7 @@ impl Linear {
         outliers: Vec<usize>,
         q: &mut Vec<i8>,
     ) -> Self {
-        let mut outlier_w = vec![0.0f32; outliers.len() * n];
-        for (j, row) in w.chunks_exact_mut(k).enumerate() {
-            for (i, &c) in outliers.iter().enumerate() {
-                outlier_w[i * n + j] = row[c];
-                row[c] = 0.0;
-            }
-        }
-        q.clear();
-        q.resize(n * k, 0);
-        let scales = w
-            .chunks_exact(k)
-            .zip(q.chunks_exact_mut(k))
-            .map(|(row, out)| quantize_row(row, out))
-            .collect();
-        Linear::Int8 {
-            packed: PackedWeights::pack(kernel, q, n, k, scales),
-            outliers,
-            outlier_w,
-            columns: Columns::All,
-            k_in: k,
-        }
+        Linear::Int8(Int8::new(kernel, w, n, k, outliers, q))
     }
 
     /// Two int8 products from `n × k` fp32 weights: the columns `side` (ascending, as
@@ -195,15 +302,10 @@ impl Linear {
                 .take(n)
                 .flat_map(|row| columns.iter().map(move |&c| row[c]))
                 .collect();
-            let mut linear = Linear::int8(kernel, &mut sub, n, columns.len(), Vec::new(), q);
-            if let Linear::Int8 {
-                columns: c, k_in, ..
-            } = &mut linear
-            {
-                *c = Columns::from_sorted(columns);
-                *k_in = k;
-            }
-            Box::new(linear)
+            let mut part = Int8::new(kernel, &mut sub, n, columns.len(), Vec::new(), q);
+            part.columns = Columns::from_sorted(columns);
+            part.k_in = k;
+            part
         };
         Linear::Split {
             main: part(main, q),
@@ -214,16 +316,14 @@ impl Linear {
     pub(crate) fn out_features(&self) -> usize {
         match self {
             Linear::Fp32 { n, .. } => *n,
-            Linear::Int8 { packed, .. } => packed.n,
-            Linear::Split { main, .. } => main.out_features(),
+            Linear::Int8(p) | Linear::Split { main: p, .. } => p.packed.n,
         }
     }
 
     fn in_features(&self) -> usize {
         match self {
             Linear::Fp32 { k, .. } => *k,
-            Linear::Int8 { k_in, .. } => *k_in,
-            Linear::Split { main, .. } => main.in_features(),
+            Linear::Int8(p) | Linear::Split { main: p, .. } => p.k_in,
         }
     }
 
@@ -231,15 +331,134 @@ impl Linear {
     pub(crate) fn heap_bytes(&self) -> usize {
         match self {
             Linear::Fp32 { w, .. } => 4 * w.len(),
-            Linear::Int8 {
-                packed, outlier_w, ..
-            } => packed.heap_bytes() + 4 * outlier_w.len(),
+            Linear::Int8(p) => p.heap_bytes(),
             Linear::Split { main, side } => main.heap_bytes() + side.heap_bytes(),
         }
     }
 
-    /// [`Linear::forward`], with the rows split among the workers of `pool` (each row's
-    /// result is the same however the rows are split).
+    /// Starts a call over `rows` input rows: [`Linear::stage_row`] each, then
+    /// [`Linear::run`], then [`Linear::row_out`] each.
+    pub(crate) fn begin(&self, rows: usize, s: &mut LinearScratch) {
+        s.rows = rows;
+        match self {
+            Linear::Fp32 { k, .. } => grow(&mut s.x, rows * k),
+            Linear::Int8(p) => {
+                s.main.reset(rows, p.packed.k);
+                grow(&mut s.outlier_x, rows * p.outliers.len());
+            }
+            Linear::Split { main, side } => {
+                s.main.reset(rows, main.packed.k);
+                s.side.reset(rows, side.packed.k);
+            }
+        }
+        s.row.resize(self.in_features(), 0.0);
+    }
+
+    /// Input row `r` as `fill` writes it (into a row of `k` values, whatever they held), in
+    /// f32 or quantized as the product reads it: the steps that make a layer's input (a
+    /// LayerNorm, the GeGLU) hand their row over while it is in cache.
+    pub(crate) fn stage_row(&self, r: usize, s: &mut LinearScratch, fill: impl FnOnce(&mut [f32])) {
+        let k = self.in_features();
+        match self {
+            Linear::Fp32 { .. } => fill(&mut s.x[r * k..(r + 1) * k]),
+            Linear::Int8(p) => {
+                fill(&mut s.row);
+                let no = p.outliers.len();
+                let xo = &mut s.outlier_x[r * no..(r + 1) * no];
+                p.stage(r, &mut s.row, &mut s.main, xo, &mut s.gather);
+            }
+            Linear::Split { main, side } => {
+                fill(&mut s.row);
+                main.stage(r, &mut s.row, &mut s.main, &mut [], &mut s.gather);
+                side.stage(r, &mut s.row, &mut s.side, &mut [], &mut s.gather);
+            }
+        }
+    }
+
+    /// The products of every staged row.
+    pub(crate) fn run(&self, s: &mut LinearScratch) {
+        match self {
+            Linear::Fp32 { w, n, k } => {
+                grow(&mut s.y, s.rows * n);
+                simd_f32::fp32_gemm(&s.x, s.rows, *k, w, *n, &mut s.y, false);
+            }
+            Linear::Int8(p) => p.run(&s.main, &mut s.acc_main),
+            Linear::Split { main, side } => {
+                main.run(&s.main, &mut s.acc_main);
+                side.run(&s.side, &mut s.acc_side);
+            }
+        }
+    }
+
+    /// Output row `r` (`n` values) stored in `out`, or added to it with `accumulate`.
+    pub(crate) fn row_out(
+        &self,
+        r: usize,
+        s: &mut LinearScratch,
+        out: &mut [f32],
+        accumulate: bool,
+    ) {
+        match self {
+            Linear::Fp32 { n, .. } => {
+                let y = &s.y[r * n..(r + 1) * n];
+                if accumulate {
+                    out.iter_mut().zip(y).for_each(|(o, &y)| *o += y);
+                } else {
+                    out.copy_from_slice(y);
+                }
+            }
+            Linear::Int8(p) => {
+                let no = p.outliers.len();
+                let xo = &s.outlier_x[r * no..(r + 1) * no];
+                p.row_out(r, &s.main, &s.acc_main, xo, out, accumulate, &mut s.tmp);
+            }
+            Linear::Split { main, side } => {
+                main.row_out(r, &s.main, &s.acc_main, &[], out, accumulate, &mut s.tmp);
+                side.row_out(r, &s.side, &s.acc_side, &[], out, true, &mut s.tmp);
+            }
+        }
+    }
+
+    /// `out (+)= f(r) · Wᵀ` for `rows` rows whose inputs `fill(r, row)` writes, the rows
+    /// split among the workers of `pool` (each row's result is the same however the rows
+    /// are split).
+    pub(crate) fn forward_rows_on(
+        &self,
+        pool: Option<&rayon::ThreadPool>,
+        rows: usize,
+        out: &mut [f32],
+        accumulate: bool,
+        scratch: &mut LinearScratch,
+        fill: impl Fn(usize, &mut [f32]) + Sync,
+    ) {
+        let n = self.out_features();
+        on_rows(pool, rows, n, out, scratch, |first, rows, out, s| {
+            self.forward_rows(rows, out, accumulate, s, |r, row| fill(first + r, row))
+        });
+    }
+
+    /// [`Linear::forward_rows_on`] on the caller's thread.
+    pub(crate) fn forward_rows(
+        &self,
+        rows: usize,
+        out: &mut [f32],
+        accumulate: bool,
+        s: &mut LinearScratch,
+        fill: impl Fn(usize, &mut [f32]),
+    ) {
+        let n = self.out_features();
+        self.begin(rows, s);
+        for r in 0..rows {
+            self.stage_row(r, s, |row| fill(r, row));
+        }
+        self.run(s);
+        for (r, o) in out.chunks_exact_mut(n).take(rows).enumerate() {
+            self.row_out(r, s, o, accumulate);
+        }
+    }
+
+    /// `out = x · Wᵀ` (or `out += x · Wᵀ` with `accumulate`) for `rows` rows of `x`, the
+    /// rows split among the workers of `pool`.
     pub(crate) fn forward_on(
         &self,
         pool: Option<&rayon::ThreadPool>,
@@ -250,25 +469,24 @@ impl Linear {
         scratch: &mut LinearScratch,
     ) {
         let (n, k) = (self.out_features(), self.in_features());
-        let workers = pool.map_or(1, |p| p.current_num_threads());
-        match pool {
-            Some(pool) if workers > 1 && rows >= PARALLEL_MIN_ROWS => {
-                let per = rows.div_ceil(workers).div_ceil(ROW_GRAIN) * ROW_GRAIN;
-                pool.scope(|s| {
-                    for (i, o) in out[..rows * n].chunks_mut(per * n).enumerate() {
-                        let part = o.len() / n;
-                        let xs = &x[i * per * k..(i * per + part) * k];
-                        s.spawn(move |_| {
-                            self.forward(xs, part, o, accumulate, &mut LinearScratch::default())
-                        });
-                    }
-                });
+        assert!(x.len() >= rows * k, "linear input too small");
+        match self {
+            // fp32 reads x in place and adds to `out` in its tiles: nothing to stage.
+            Linear::Fp32 { w, .. } => {
+                on_rows(pool, rows, n, out, scratch, |first, rows, out, _| {
+                    let x = &x[first * k..(first + rows) * k];
+                    simd_f32::fp32_gemm(x, rows, k, w, n, out, accumulate)
+                })
             }
-            _ => self.forward(x, rows, out, accumulate, scratch),
+            _ => {
+                let copy = |r: usize, row: &mut [f32]| row.copy_from_slice(&x[r * k..(r + 1) * k]);
+                self.forward_rows_on(pool, rows, out, accumulate, scratch, copy);
+            }
         }
     }
 
-    /// `out = x · Wᵀ` (or `out += x · Wᵀ` with `accumulate`) for `rows` rows of `x`.
+    /// [`Linear::forward_on`] on the caller's thread.
+    #[cfg(test)]
     pub(crate) fn forward(
         &self,
         x: &[f32],
@@ -277,128 +495,109 @@ impl Linear {
         accumulate: bool,
         scratch: &mut LinearScratch,
     ) {
-        let (n, k) = (self.out_features(), self.in_features());
-        assert!(
-            x.len() >= rows * k && out.len() >= rows * n,
-            "linear buffers too small"
-        );
-        if rows == 0 {
-            return;
-        }
-        match self {
-            Linear::Fp32 { w, .. } => simd_f32::fp32_gemm(x, rows, k, w, n, out, accumulate),
-            Linear::Split { main, side } => {
-                main.forward(x, rows, out, accumulate, scratch);
-                side.forward(x, rows, out, true, scratch);
-            }
-            Linear::Int8 {
-                packed,
-                outliers,
-                outlier_w,
-                columns,
-                ..
-            } => {
-                let LinearScratch { qa, c, masked, row } = scratch;
-                let kq = packed.k;
-                qa.reset(rows, kq);
-                masked.resize(k, 0.0);
-                for r in 0..rows {
-                    let row = &x[r * k..(r + 1) * k];
-                    // Outlier channels come only with all columns (a split has none).
-                    let src = match columns {
-                        _ if !outliers.is_empty() => {
-                            masked.copy_from_slice(row);
-                            for &ch in outliers {
-                                masked[ch] = 0.0;
-                            }
-                            &masked[..]
-                        }
-                        Columns::All => row,
-                        Columns::Range(range) => &row[range.clone()],
-                        Columns::Pick(columns) => {
-                            for (m, &ch) in masked.iter_mut().zip(columns) {
-                                *m = row[ch];
-                            }
-                            &masked[..kq]
-                        }
-                    };
-                    let q = qa.row_mut(r);
-                    let scale = quantize_row(src, &mut q[..kq]);
-                    qa.sums[r] = q.iter().map(|&v| i32::from(v)).sum();
-                    qa.scales[r] = scale;
-                }
-                let np = packed.n_padded;
-                c.clear();
-                c.resize(rows * np, 0);
-                packed.gemm(qa, c);
-                for r in 0..rows {
-                    let (acc, sa) = (&c[r * np..r * np + n], qa.scales[r]);
-                    let xr = &x[r * k..(r + 1) * k];
-                    let o = &mut out[r * n..(r + 1) * n];
-                    dequantize(
-                        acc,
-                        sa,
-                        &packed.scales,
-                        xr,
-                        outliers,
-                        outlier_w,
-                        o,
-                        accumulate,
-                        row,
-                    );
-                }
-            }
-        }
+        self.forward_on(None, x, rows, out, accumulate, scratch);
     }
 }
 
-/// Buffers of one [`Linear::forward`] call, kept between calls.
-#[derive(Debug, Default)]
-pub(crate) struct LinearScratch {
-    qa: QuantRows,
-    c: Vec<i32>,
-    masked: Vec<f32>,
-    row: Vec<f32>,
-}
-
-/// One output row: `y = (f32(acc) · s_x) · s_w`, then `y += x_c · w_c` for each outlier
-/// channel in order, stored or added to `out` (one pass per step, each vectorizable).
-#[allow(clippy::too_many_arguments)]
-#[inline]
-fn dequantize(
-    acc: &[i32],
-    sa: f32,
-    sw: &[f32],
-    x: &[f32],
-    outliers: &[usize],
-    outlier_w: &[f32],
+/// Runs `work(first, rows, out, scratch)` over `rows` rows of `out` (`n` wide): on the
+/// caller's thread with `scratch`, or split evenly among the workers of `pool`, each with
+/// scratch of its own.
+fn on_rows(
+    pool: Option<&rayon::ThreadPool>,
+    rows: usize,
+    n: usize,
     out: &mut [f32],
-    accumulate: bool,
-    tmp: &mut Vec<f32>,
+    scratch: &mut LinearScratch,
+    work: impl Fn(usize, usize, &mut [f32], &mut LinearScratch) + Sync,
 ) {
-    let n = out.len();
-    if outliers.is_empty() {
-        simd_f32::dequantize_row(acc, sa, sw, out, accumulate);
+    assert!(out.len() >= rows * n, "linear output too small");
+    if rows == 0 {
         return;
     }
-    // With outliers the row is built in `out` first when storing, or in `tmp` (the call's
-    // scratch) when adding: the outlier terms join y before y joins the residual.
-    let target: &mut [f32] = if accumulate {
-        tmp.resize(n, 0.0);
-        tmp
-    } else {
-        out
-    };
-    simd_f32::dequantize_row(acc, sa, sw, target, false);
-    for (i, &ch) in outliers.iter().enumerate() {
-        let xc = x[ch];
-        for (t, &w) in target.iter_mut().zip(&outlier_w[i * n..(i + 1) * n]) {
-            *t += xc * w;
+    let workers = pool.map_or(1, |p| p.current_num_threads());
+    match pool {
+        Some(pool) if workers > 1 && rows >= PARALLEL_MIN_ROWS => {
+            let per = rows.div_ceil(workers).div_ceil(ROW_GRAIN) * ROW_GRAIN;
+            let work = &work;
+            pool.scope(|s| {
+                for (i, o) in out[..rows * n].chunks_mut(per * n).enumerate() {
+                    s.spawn(move |_| work(i * per, o.len() / n, o, &mut LinearScratch::default()));
+                }
+            });
         }
+        _ => work(0, rows, &mut out[..rows * n], scratch),
     }
-    if accumulate {
-        for (o, &t) in out.iter_mut().zip(tmp.iter()) {
-            *o += t;
+}
+
+/// Buffers of one layer's call, kept between calls: the staged input rows and the
+/// products.
+#[derive(Debug, Default)]
+pub(crate) struct LinearScratch {
+    rows: usize,
+    /// fp32: `rows × k` inputs and `rows × n` outputs.
+    x: Vec<f32>,
+    y: Vec<f32>,
+    /// int8: the (main) product's quantized rows and integer products, a split's side
+    /// product's, and `rows × outliers` f32 inputs of the outlier channels.
+    main: QuantRows,
+    side: QuantRows,
+    acc_main: Vec<i32>,
+    acc_side: Vec<i32>,
+    outlier_x: Vec<f32>,
+    /// One input row while it is quantized, a split's gathered columns, one output row
+    /// while outlier terms are added to it.
+    row: Vec<f32>,
+    gather: Vec<f32>,
+    tmp: Vec<f32>,
+}
+
+/// Buffers of [`geglu_mlp`], kept between calls.
+#[derive(Debug, Default)]
+pub(crate) struct MlpScratch {
+    wi: LinearScratch,
+    wo: LinearScratch,
+    /// One row of Wi's output.
+    y: Vec<f32>,
+}
+
+/// Rows of the MLP computed together: Wi's output for them (`MLP_CHUNK × 2·intermediate`)
+/// stays in L2.
+const MLP_CHUNK: usize = 64;
+
+/// ModernBERT's MLP with its residual, `x += Wo(GeGLU(Wi(LayerNorm(x))))`, over the rows
+/// of `x` (`rows × hidden`), [`MLP_CHUNK`] rows at a time: each row's LayerNorm is staged
+/// (quantized) for Wi as it is made, and each row of Wi's output goes through the GeGLU
+/// into Wo's staged input at once, so no `rows × intermediate` buffer is written or read.
+/// The same bits as the steps one after another over whole buffers.
+pub(crate) fn geglu_mlp(
+    wi: &Linear,
+    wo: &Linear,
+    norm: &[f32],
+    eps: f32,
+    x: &mut [f32],
+    s: &mut MlpScratch,
+) {
+    let h = norm.len();
+    let i = wo.in_features();
+    let MlpScratch { wi: si, wo: so, y } = s;
+    y.resize(2 * i, 0.0);
+    for xs in x.chunks_mut(MLP_CHUNK * h) {
+        let rows = xs.len() / h;
+        wi.begin(rows, si);
+        for (r, row) in xs.chunks_exact(h).enumerate() {
+            wi.stage_row(r, si, |o| simd_f32::layer_norm(row, norm, eps, o));
+        }
+        wi.run(si);
+        wo.begin(rows, so);
+        for r in 0..rows {
+            wi.row_out(r, si, y, false);
+            // ModernBertMLP: Wi's output chunked into (input, gate); GELU(input) · gate.
+            let (input, gate) = y.split_at(i);
+            wo.stage_row(r, so, |a| simd_f32::geglu(input, gate, a));
+        }
+        wo.run(so);
+        for (r, o) in xs.chunks_exact_mut(h).enumerate() {
+            wo.row_out(r, so, o, true);
         }
     }
 }
@@ -412,8 +611,10 @@ mod tests {
         let mut q = [0i8; 5];
         let s = quantize_row(&[1.27, -1.27, 0.005, 0.015, 0.0], &mut q);
         assert_eq!(q, [127, -127, 0, 2, 0]);
-        assert!((s - 0.01).abs() < 1e-9);
-        assert_eq!(quantize_row(&[0.0, 0.0], &mut q[..2]), 0.0);
+        assert!((s.0 - 0.01).abs() < 1e-9);
+        // 127 − 127 + 0 + 2 + 0
+        assert_eq!(s.1, 2);
+        assert_eq!(quantize_row(&[0.0, 0.0], &mut q[..2]), (0.0, 0));
     }
 
     #[test]
@@ -490,6 +691,71 @@ mod tests {
         assert_eq!(added, want);
         let (with, without) = (err(found), err(vec![]));
         assert!(with * 4.0 < without, "with {with}, without {without}");
+    }
+
+    /// The fused MLP (LayerNorm staged for Wi row by row, Wi's rows through the GeGLU into
+    /// Wo's staged input) gives the bits of the steps one after another over whole buffers,
+    /// across chunk boundaries, at fp32 and int8 (Wi with an outlier channel, Wo split), on
+    /// every kernel this CPU runs.
+    #[test]
+    fn fused_mlp_equals_the_steps_in_turn() {
+        let (h, u, rows) = (16usize, 24usize, 2 * MLP_CHUNK + 5);
+        let value = |i: usize| ((i * 7919) % 211) as f32 / 105.0 - 1.0;
+        // Wi's input channel 3 is read by tiny weights (an outlier); Wo's units 5 and 6
+        // write only output 2 (writers: a split).
+        let wi: Vec<f32> = (0..2 * u * h)
+            .map(|i| {
+                if i % h == 3 {
+                    value(i) * 0.01
+                } else {
+                    value(i)
+                }
+            })
+            .collect();
+        let wo: Vec<f32> = (0..h * u)
+            .map(|i| match (i % u, i / u) {
+                (5 | 6, 2) => 0.07,
+                (5 | 6, _) => 0.0,
+                _ => value(i + 3) * 0.3,
+            })
+            .collect();
+        let norm: Vec<f32> = (0..h).map(|i| 1.0 + value(i + 7) * 0.1).collect();
+        let x: Vec<f32> = (0..rows * h)
+            .map(|i| if i % h == 3 { 30.0 } else { value(i + 11) })
+            .collect();
+        let outliers = detect_outliers(&wi, 2 * u, h);
+        assert_eq!(outliers, vec![3]);
+        let writers = detect_writers(&wo, h, u);
+        assert_eq!(writers, vec![5, 6]);
+        let mut layers = vec![(Linear::fp32(&wi, 2 * u, h), Linear::fp32(&wo, h, u))];
+        for kernel in Kernel::available() {
+            let q = &mut Vec::new();
+            layers.push((
+                Linear::int8(kernel, &mut wi.clone(), 2 * u, h, outliers.clone(), q),
+                Linear::int8_split(kernel, &wo, h, u, writers.clone(), q),
+            ));
+        }
+        for (wi, wo) in &layers {
+            let mut normed = vec![0.0; rows * h];
+            for (o, row) in normed.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
+                simd_f32::layer_norm(row, &norm, 1e-5, o);
+            }
+            let mut scratch = LinearScratch::default();
+            let mut y = vec![0.0; rows * 2 * u];
+            wi.forward(&normed, rows, &mut y, false, &mut scratch);
+            let mut act = vec![0.0; rows * u];
+            for (a, y) in act.chunks_exact_mut(u).zip(y.chunks_exact(2 * u)) {
+                let (input, gate) = y.split_at(u);
+                simd_f32::geglu(input, gate, a);
+            }
+            let mut want = x.clone();
+            wo.forward(&act, rows, &mut want, true, &mut scratch);
+            let mut got = x.clone();
+            geglu_mlp(wi, wo, &norm, 1e-5, &mut got, &mut MlpScratch::default());
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{wi:?}");
+            assert_ne!(got, x);
+        }
     }
 
     /// Columns that write only output 0 (and carry large activations) are found, and their

@@ -10,12 +10,13 @@ use ruri_core::{Error, ModelConfig, Result};
 use crate::attention::{AttentionScratch, Head, attend_head};
 use crate::kernels::Kernel;
 use crate::kernels::simd_f32;
-use crate::linear::{Linear, LinearScratch, detect_outliers, detect_writers, quantize_row};
+use crate::linear::{
+    Linear, LinearScratch, MlpScratch, PARALLEL_MIN_ROWS, detect_outliers, detect_writers,
+    geglu_mlp, quantize_row,
+};
 use crate::weights::Safetensors;
 use crate::{EmbeddingTable, Precision};
 
-/// Rows of the MLP processed together: their intermediate activations stay in cache.
-const MLP_CHUNK: usize = 64;
 /// Rotary tables are kept for positions below this; longer texts compute theirs per call.
 const ROPE_CACHED: usize = 1024;
 
@@ -363,7 +364,7 @@ impl Assembler {
                 for row in rows.chunks_exact(h) {
                     let at = self.table_q.len();
                     self.table_q.resize(at + h, 0);
-                    let s = quantize_row(row, &mut self.table_q[at..]);
+                    let (s, _) = quantize_row(row, &mut self.table_q[at..]);
                     self.table_scales.push(s);
                 }
             }
@@ -619,18 +620,17 @@ impl Model {
     ) {
         let h = self.hidden();
         let tokens = packed.ids.len();
-        let input: &[f32] = match &layer.attn_norm {
-            Some(w) => {
-                for (o, row) in s.normed.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
-                    simd_f32::layer_norm(row, w, self.eps, o);
-                }
-                &s.normed
+        // The first layer has no attn_norm (its input was normed after the embeddings).
+        let norm_row = |r: usize, o: &mut [f32]| {
+            let row = &x[r * h..(r + 1) * h];
+            match &layer.attn_norm {
+                Some(w) => simd_f32::layer_norm(row, w, self.eps, o),
+                None => o.copy_from_slice(row),
             }
-            None => x,
         };
         layer
             .wqkv
-            .forward_on(pool, input, tokens, &mut s.qkv, false, &mut s.linear);
+            .forward_rows_on(pool, tokens, &mut s.qkv, false, &mut s.linear, norm_row);
         let rope = match layer.kind {
             AttentionKind::Global => &self.rope_global,
             AttentionKind::Local => &self.rope_local,
@@ -668,7 +668,8 @@ impl Model {
             .forward_on(pool, &s.ctx, tokens, x, true, &mut s.linear);
     }
 
-    /// `x += Wo(GeGLU(Wi(mlp_norm(x))))`, in chunks of rows.
+    /// `x += Wo(GeGLU(Wi(mlp_norm(x))))`: rows are independent, so with a pool each worker
+    /// runs the whole MLP on its share of the rows (one join per layer).
     fn mlp_block(
         &self,
         layer: &Layer,
@@ -676,42 +677,33 @@ impl Model {
         s: &mut Scratch,
         pool: Option<&rayon::ThreadPool>,
     ) {
-        let (h, i) = (self.hidden(), self.config.intermediate_size);
+        let h = self.hidden();
         let tokens = x.len() / h;
-        for start in (0..tokens).step_by(MLP_CHUNK) {
-            let rows = (tokens - start).min(MLP_CHUNK);
-            let xs = &mut x[start * h..(start + rows) * h];
-            for (o, row) in s.normed.chunks_exact_mut(h).zip(xs.chunks_exact(h)) {
-                simd_f32::layer_norm(row, &layer.mlp_norm, self.eps, o);
+        let workers = pool.map_or(1, |p| p.current_num_threads());
+        let mlp = |x: &mut [f32], s: &mut MlpScratch| {
+            geglu_mlp(&layer.wi, &layer.mlp_wo, &layer.mlp_norm, self.eps, x, s)
+        };
+        match pool {
+            Some(pool) if workers > 1 && tokens >= PARALLEL_MIN_ROWS => {
+                let per = tokens.div_ceil(workers);
+                let mlp = &mlp;
+                pool.scope(|scope| {
+                    for part in x.chunks_mut(per * h) {
+                        scope.spawn(move |_| mlp(part, &mut MlpScratch::default()));
+                    }
+                });
             }
-            layer
-                .wi
-                .forward_on(pool, &s.normed, rows, &mut s.wi, false, &mut s.linear);
-            // ModernBertMLP: Wi's output chunked into (input, gate); GELU(input) · gate.
-            for (a, y) in s
-                .act
-                .chunks_exact_mut(i)
-                .zip(s.wi.chunks_exact(2 * i))
-                .take(rows)
-            {
-                let (input, gate) = y.split_at(i);
-                simd_f32::geglu(input, gate, a);
-            }
-            layer
-                .mlp_wo
-                .forward_on(pool, &s.act, rows, xs, true, &mut s.linear);
+            _ => mlp(x, &mut s.mlp),
         }
     }
 }
 
 /// Per-call buffers, sized once.
 struct Scratch {
-    normed: Vec<f32>,
     qkv: Vec<f32>,
     ctx: Vec<f32>,
-    wi: Vec<f32>,
-    act: Vec<f32>,
     linear: LinearScratch,
+    mlp: MlpScratch,
     attention: AttentionScratch,
     /// sin and cos of one position past the rotary cache.
     angles: Vec<f32>,
@@ -721,12 +713,10 @@ impl Scratch {
     fn new(tokens: usize, c: &ModelConfig) -> Self {
         let h = c.hidden_size;
         Self {
-            normed: vec![0.0; tokens.max(MLP_CHUNK) * h],
             qkv: vec![0.0; tokens * 3 * h],
             ctx: vec![0.0; tokens * h],
-            wi: vec![0.0; MLP_CHUNK * 2 * c.intermediate_size],
-            act: vec![0.0; MLP_CHUNK * c.intermediate_size],
             linear: LinearScratch::default(),
+            mlp: MlpScratch::default(),
             attention: AttentionScratch::default(),
             angles: Vec::new(),
         }

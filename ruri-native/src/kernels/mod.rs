@@ -165,11 +165,20 @@ pub(crate) struct QuantRows {
 }
 
 impl QuantRows {
-    /// Empties the buffer for `rows` rows of `k` values (keeping its allocation).
+    /// Sizes the buffer for `rows` rows of `k` values (keeping its allocation). The first
+    /// `k` bytes of each row keep whatever they held (the caller writes them all); the
+    /// padding after them is zeroed.
     pub(crate) fn reset(&mut self, rows: usize, k: usize) {
-        self.k_padded = round_up(k, K_ALIGN);
-        self.data.clear();
-        self.data.resize(rows * self.k_padded, 0);
+        let kp = round_up(k, K_ALIGN);
+        self.k_padded = kp;
+        if self.data.len() < rows * kp {
+            self.data.resize(rows * kp, 0);
+        }
+        if kp > k {
+            for row in self.data.chunks_exact_mut(kp).take(rows) {
+                row[k..].fill(0);
+            }
+        }
         self.scales.clear();
         self.scales.resize(rows, 0.0);
         self.sums.clear();

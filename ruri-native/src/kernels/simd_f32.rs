@@ -106,8 +106,9 @@ multiversion! {
 
 multiversion! {
     /// Quantizes a row to symmetric 8-bit: returns `max |x|` (the caller derives the
-    /// scale); `out[i] = rint(x[i] · 127 / max)`, or 0 where `max` is 0 or not finite.
-    fn quantize_row / quantize_row_body(x: &[f32], out: &mut [i8]) -> f32
+    /// scale) and `Σ out[i]`; `out[i] = rint(x[i] · 127 / max)`, or 0 where `max` is 0 or
+    /// not finite.
+    fn quantize_row / quantize_row_body(x: &[f32], out: &mut [i8]) -> (f32, i32)
 }
 
 multiversion! {
@@ -237,7 +238,7 @@ fn layer_norm_body(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 }
 
 #[inline(always)]
-fn quantize_row_body(x: &[f32], out: &mut [i8]) -> f32 {
+fn quantize_row_body(x: &[f32], out: &mut [i8]) -> (f32, i32) {
     // max |x| on the bit patterns: for non-negative floats their order is the integers'
     // (and an integer max vectorizes; a NaN, above infinity, is caught below).
     let max = f32::from_bits(
@@ -246,17 +247,20 @@ fn quantize_row_body(x: &[f32], out: &mut [i8]) -> f32 {
     );
     if max == 0.0 || !max.is_finite() {
         out.iter_mut().for_each(|o| *o = 0);
-        return max;
+        return (max, 0);
     }
     let inv = 127.0 / max;
+    let mut sum = 0i32;
     for (o, &v) in out.iter_mut().zip(x) {
         // Clamped to ±127 (|v · inv| ≤ 127 up to rounding), then rounded to the nearest
         // integer, ties to even, by the 1.5 · 2²³ addition, whose low mantissa byte then
         // is the integer in two's complement: no saturating float-to-int conversion.
         let t = (v * inv).clamp(-127.0, 127.0) + crate::math::ROUND_MAGIC;
-        *o = t.to_bits() as u8 as i8;
+        let q = t.to_bits() as u8 as i8;
+        *o = q;
+        sum += i32::from(q);
     }
-    max
+    (max, sum)
 }
 
 #[inline(always)]
@@ -474,8 +478,11 @@ mod tests {
             layer_norm_body(&u, &w, 1e-5, &mut b);
             prop_assert_eq!(a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), b.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
             let (mut qa, mut qb) = (vec![0i8; width], vec![0i8; width]);
-            prop_assert_eq!(quantize_row(&u, &mut qa).to_bits(), quantize_row_body(&u, &mut qb).to_bits());
+            let ((max_a, sum_a), (max_b, sum_b)) = (quantize_row(&u, &mut qa), quantize_row_body(&u, &mut qb));
+            prop_assert_eq!((max_a.to_bits(), sum_a), (max_b.to_bits(), sum_b));
             prop_assert_eq!(&qa, &qb);
+            // The sum is the bytes' own.
+            prop_assert_eq!(sum_a, qa.iter().map(|&q| i32::from(q)).sum::<i32>());
             // And the magic-number rounding is rint: ties to even, clamped.
             let max = u.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
             for (&q, &v) in qa.iter().zip(&u) {
