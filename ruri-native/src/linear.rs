@@ -29,6 +29,9 @@ const WRITER_SHARE: f64 = 0.5;
 
 /// Below this many rows a layer runs on one thread: splitting costs more than it saves.
 pub(crate) const PARALLEL_MIN_ROWS: usize = 4;
+/// Rows staged and multiplied together: their products (`ROW_CHUNK × n` i32) stay in L2
+/// for the epilogue (two of the microkernels' row blocks).
+const ROW_CHUNK: usize = 96;
 /// Rows are split evenly (the microkernels take tiles of any height up to theirs; a query
 /// of 10 tokens splits 5 + 5 rather than 6 + 4).
 const ROW_GRAIN: usize = 1;
@@ -218,9 +221,8 @@ impl Int8 {
     }
 
     /// Row `r` of the output: `y = (f32(acc) · s_x) · s_w`, then `y += x_c · w_c` for each
-    /// outlier channel in order, stored in or added to `out` (one pass per step, each
-    /// vectorizable). `xo`: row `r`'s outlier inputs.
-    #[allow(clippy::too_many_arguments)]
+    /// outlier channel in order, stored in or added to `out` (the outlier terms join y
+    /// before y joins the residual). `xo`: row `r`'s outlier inputs.
     fn row_out(
         &self,
         r: usize,
@@ -229,32 +231,13 @@ impl Int8 {
         xo: &[f32],
         out: &mut [f32],
         accumulate: bool,
-        tmp: &mut Vec<f32>,
     ) {
         let (n, np) = (self.packed.n, self.packed.n_padded);
         let (acc, sa, sw) = (&acc[r * np..r * np + n], q.scales[r], &self.packed.scales);
         if self.outliers.is_empty() {
             simd_f32::dequantize_row(acc, sa, sw, out, accumulate);
-            return;
-        }
-        // With outliers the row is built in `out` first when storing, or in `tmp` (the
-        // call's scratch) when adding: the outlier terms join y before y joins the residual.
-        let target: &mut [f32] = if accumulate {
-            tmp.resize(n, 0.0);
-            tmp
         } else {
-            out
-        };
-        simd_f32::dequantize_row(acc, sa, sw, target, false);
-        for (&xc, w) in xo.iter().zip(self.outlier_w.chunks_exact(n)) {
-            for (t, &w) in target.iter_mut().zip(w) {
-                *t += xc * w;
-            }
-        }
-        if accumulate {
-            for (o, &t) in out.iter_mut().zip(tmp.iter()) {
-                *o += t;
-            }
+            simd_f32::dequantize_outliers(acc, sa, sw, xo, &self.outlier_w, out, accumulate);
         }
     }
 }
@@ -410,11 +393,11 @@ impl Linear {
             Linear::Int8(p) => {
                 let no = p.outliers.len();
                 let xo = &s.outlier_x[r * no..(r + 1) * no];
-                p.row_out(r, &s.main, &s.acc_main, xo, out, accumulate, &mut s.tmp);
+                p.row_out(r, &s.main, &s.acc_main, xo, out, accumulate);
             }
             Linear::Split { main, side } => {
-                main.row_out(r, &s.main, &s.acc_main, &[], out, accumulate, &mut s.tmp);
-                side.row_out(r, &s.side, &s.acc_side, &[], out, true, &mut s.tmp);
+                main.row_out(r, &s.main, &s.acc_main, &[], out, accumulate);
+                side.row_out(r, &s.side, &s.acc_side, &[], out, true);
             }
         }
     }
@@ -437,7 +420,7 @@ impl Linear {
         });
     }
 
-    /// [`Linear::forward_rows_on`] on the caller's thread.
+    /// [`Linear::forward_rows_on`] on the caller's thread, [`ROW_CHUNK`] rows at a time.
     pub(crate) fn forward_rows(
         &self,
         rows: usize,
@@ -447,13 +430,16 @@ impl Linear {
         fill: impl Fn(usize, &mut [f32]),
     ) {
         let n = self.out_features();
-        self.begin(rows, s);
-        for r in 0..rows {
-            self.stage_row(r, s, |row| fill(r, row));
-        }
-        self.run(s);
-        for (r, o) in out.chunks_exact_mut(n).take(rows).enumerate() {
-            self.row_out(r, s, o, accumulate);
+        for (c, out) in out[..rows * n].chunks_mut(ROW_CHUNK * n).enumerate() {
+            let (first, rows) = (c * ROW_CHUNK, out.len() / n);
+            self.begin(rows, s);
+            for r in 0..rows {
+                self.stage_row(r, s, |row| fill(first + r, row));
+            }
+            self.run(s);
+            for (r, o) in out.chunks_exact_mut(n).enumerate() {
+                self.row_out(r, s, o, accumulate);
+            }
         }
     }
 
@@ -544,11 +530,9 @@ pub(crate) struct LinearScratch {
     acc_main: Vec<i32>,
     acc_side: Vec<i32>,
     outlier_x: Vec<f32>,
-    /// One input row while it is quantized, a split's gathered columns, one output row
-    /// while outlier terms are added to it.
+    /// One input row while it is quantized, a split's gathered columns.
     row: Vec<f32>,
     gather: Vec<f32>,
-    tmp: Vec<f32>,
 }
 
 /// Buffers of [`geglu_mlp`], kept between calls.

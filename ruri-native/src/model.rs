@@ -95,14 +95,7 @@ impl Rope {
             }
             buf.split_at(half)
         };
-        for x in row.chunks_exact_mut(d).take(heads) {
-            for j in 0..half {
-                let (s, c) = (sin[j], cos[j]);
-                let (a, b) = (x[j], x[j + half]);
-                x[j] = a * c + (-b) * s;
-                x[j + half] = b * c + a * s;
-            }
-        }
+        simd_f32::rotate_heads(&mut row[..heads * d], d, sin, cos);
     }
 }
 

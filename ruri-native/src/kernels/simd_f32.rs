@@ -100,6 +100,13 @@ multiversion! {
 }
 
 multiversion! {
+    /// Rotary embedding of each head of `x` (heads of `d`, `d / 2` angles): for each pair
+    /// `(a, b) = (x[j], x[j + d/2])`, `(a·cos − b·sin, b·cos + a·sin)` as
+    /// `x·cos + rotate_half(x)·sin` computes it.
+    fn rotate_heads / rotate_heads_body(x: &mut [f32], d: usize, sin: &[f32], cos: &[f32])
+}
+
+multiversion! {
     /// `crate::math::layer_norm` of one row.
     fn layer_norm / layer_norm_body(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32])
 }
@@ -114,6 +121,13 @@ multiversion! {
 multiversion! {
     /// `out[j] (+)= (f32(acc[j]) · sa) · sw[j]`.
     fn dequantize_row / dequantize_row_body(acc: &[i32], sa: f32, sw: &[f32], out: &mut [f32], accumulate: bool)
+}
+
+multiversion! {
+    /// `t[j] = (f32(acc[j]) · sa) · sw[j]`, then `t[j] += xo[c] · ow[c][j]` for each outlier
+    /// channel `c` in order (`ow` is `xo.len() × out.len()`), then `out[j] (+)= t[j]`: the
+    /// steps of a row with outlier channels, in one pass.
+    fn dequantize_outliers / dequantize_outliers_body(acc: &[i32], sa: f32, sw: &[f32], xo: &[f32], ow: &[f32], out: &mut [f32], accumulate: bool)
 }
 
 /// Outputs per accumulator: one AVX-512 vector (two AVX2 ones, four SSE ones).
@@ -233,6 +247,19 @@ fn geglu_body(input: &[f32], gate: &[f32], out: &mut [f32]) {
 }
 
 #[inline(always)]
+fn rotate_heads_body(x: &mut [f32], d: usize, sin: &[f32], cos: &[f32]) {
+    let half = d / 2;
+    for head in x.chunks_exact_mut(d) {
+        let (lo, hi) = head.split_at_mut(half);
+        for (((a, b), &s), &c) in lo.iter_mut().zip(hi.iter_mut()).zip(sin).zip(cos) {
+            let (x0, x1) = (*a, *b);
+            *a = x0 * c + (-x1) * s;
+            *b = x1 * c + x0 * s;
+        }
+    }
+}
+
+#[inline(always)]
 fn layer_norm_body(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     crate::math::layer_norm(x, weight, eps, out);
 }
@@ -273,6 +300,48 @@ fn dequantize_row_body(acc: &[i32], sa: f32, sw: &[f32], out: &mut [f32], accumu
         for ((o, &a), &s) in out.iter_mut().zip(acc).zip(sw) {
             *o = (a as f32) * sa * s;
         }
+    }
+}
+
+#[inline(always)]
+fn dequantize_outliers_body(
+    acc: &[i32],
+    sa: f32,
+    sw: &[f32],
+    xo: &[f32],
+    ow: &[f32],
+    out: &mut [f32],
+    accumulate: bool,
+) {
+    let n = out.len();
+    let (acc, sw, ow) = (&acc[..n], &sw[..n], &ow[..xo.len() * n]);
+    // Whole blocks of outputs in fixed-size arrays (registers), then the tail one output
+    // at a time through the same steps.
+    let full = n / VEC * VEC;
+    for j in (0..full).step_by(VEC) {
+        let a: &[i32; VEC] = acc[j..j + VEC].try_into().expect("a block");
+        let s: &[f32; VEC] = sw[j..j + VEC].try_into().expect("a block");
+        let mut t = [0.0f32; VEC];
+        for i in 0..VEC {
+            t[i] = (a[i] as f32) * sa * s[i];
+        }
+        for (c, &x) in xo.iter().enumerate() {
+            let w: &[f32; VEC] = ow[c * n + j..c * n + j + VEC].try_into().expect("a block");
+            for i in 0..VEC {
+                t[i] += x * w[i];
+            }
+        }
+        let o: &mut [f32; VEC] = (&mut out[j..j + VEC]).try_into().expect("a block");
+        for i in 0..VEC {
+            o[i] = if accumulate { o[i] + t[i] } else { t[i] };
+        }
+    }
+    for j in full..n {
+        let mut t = (acc[j] as f32) * sa * sw[j];
+        for (c, &x) in xo.iter().enumerate() {
+            t += x * ow[c * n + j];
+        }
+        out[j] = if accumulate { out[j] + t } else { t };
     }
 }
 
@@ -473,6 +542,19 @@ mod tests {
             geglu(&u, &p, &mut a);
             geglu_body(&u, &p, &mut b);
             prop_assert_eq!(a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), b.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+            // Rotary: heads of 8 over the first 8·⌊width/8⌋ values; against the pairs written out.
+            let d = 8;
+            let heads = width / d;
+            let (sin, cos): (Vec<f32>, Vec<f32>) = (0..d / 2).map(|j| (value(j + 17), value(j + 19))).unzip();
+            let mut r = u[..heads * d].to_vec();
+            rotate_heads(&mut r, d, &sin, &cos);
+            for (head, orig) in r.chunks_exact(d).zip(u.chunks_exact(d)) {
+                for j in 0..d / 2 {
+                    let (x0, x1) = (orig[j], orig[j + d / 2]);
+                    prop_assert_eq!(head[j].to_bits(), (x0 * cos[j] - x1 * sin[j]).to_bits());
+                    prop_assert_eq!(head[j + d / 2].to_bits(), (x1 * cos[j] + x0 * sin[j]).to_bits());
+                }
+            }
             let w: Vec<f32> = (0..width).map(|i| 1.0 + value(i + 9)).collect();
             layer_norm(&u, &w, 1e-5, &mut a);
             layer_norm_body(&u, &w, 1e-5, &mut b);
@@ -495,6 +577,21 @@ mod tests {
                 dequantize_row(&acc, 0.003, &w, &mut a, accumulate);
                 dequantize_row_body(&acc, 0.003, &w, &mut b, accumulate);
                 prop_assert_eq!(a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), b.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+                // With two outlier channels: the steps written out one after another.
+                let xo = [value(23) * 30.0, value(29)];
+                let ow: Vec<f32> = (0..2 * width).map(|i| value(i + 31) * 0.01).collect();
+                let mut want = vec![0.5f32; width];
+                for (j, o) in want.iter_mut().enumerate() {
+                    let mut t = (acc[j] as f32) * 0.003 * w[j];
+                    t += xo[0] * ow[j];
+                    t += xo[1] * ow[width + j];
+                    *o = if accumulate { *o + t } else { t };
+                }
+                let (mut a, mut b) = (vec![0.5; width], vec![0.5; width]);
+                dequantize_outliers(&acc, 0.003, &w, &xo, &ow, &mut a, accumulate);
+                dequantize_outliers_body(&acc, 0.003, &w, &xo, &ow, &mut b, accumulate);
+                prop_assert_eq!(a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+                prop_assert_eq!(b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
             }
         }
     }
