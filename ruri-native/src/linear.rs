@@ -373,6 +373,31 @@ impl Linear {
         }
     }
 
+    /// [`Linear::run`], then every row stored in `out` (`rows × n`) or added to it: fp32
+    /// adds in its tiles, with no output buffer between.
+    pub(crate) fn finish(&self, s: &mut LinearScratch, out: &mut [f32], accumulate: bool) {
+        match self {
+            Linear::Fp32 { w, n, k } => {
+                simd_f32::fp32_gemm(&s.x, s.rows, *k, w, *n, out, accumulate)
+            }
+            _ => {
+                self.run(s);
+                let n = self.out_features();
+                for (r, o) in out.chunks_exact_mut(n).take(s.rows).enumerate() {
+                    self.row_out(r, s, o, accumulate);
+                }
+            }
+        }
+    }
+
+    /// Output row `r` after [`Linear::run`] where it is held as it is (fp32), else `None`.
+    pub(crate) fn stored_row<'s>(&self, r: usize, s: &'s LinearScratch) -> Option<&'s [f32]> {
+        match self {
+            Linear::Fp32 { n, .. } => Some(&s.y[r * n..(r + 1) * n]),
+            _ => None,
+        }
+    }
+
     /// Output row `r` (`n` values) stored in `out`, or added to it with `accumulate`.
     pub(crate) fn row_out(
         &self,
@@ -436,10 +461,7 @@ impl Linear {
             for r in 0..rows {
                 self.stage_row(r, s, |row| fill(first + r, row));
             }
-            self.run(s);
-            for (r, o) in out.chunks_exact_mut(n).enumerate() {
-                self.row_out(r, s, o, accumulate);
-            }
+            self.finish(s, out, accumulate);
         }
     }
 
@@ -574,15 +596,18 @@ pub(crate) fn geglu_mlp(
         wi.run(si);
         wo.begin(rows, so);
         for r in 0..rows {
-            wi.row_out(r, si, y, false);
+            let y: &[f32] = match wi.stored_row(r, si) {
+                Some(row) => row,
+                None => {
+                    wi.row_out(r, si, y, false);
+                    y
+                }
+            };
             // ModernBertMLP: Wi's output chunked into (input, gate); GELU(input) · gate.
             let (input, gate) = y.split_at(i);
             wo.stage_row(r, so, |a| simd_f32::geglu(input, gate, a));
         }
-        wo.run(so);
-        for (r, o) in xs.chunks_exact_mut(h).enumerate() {
-            wo.row_out(r, so, o, true);
-        }
+        wo.finish(so, xs, true);
     }
 }
 
