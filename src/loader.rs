@@ -41,7 +41,7 @@ pub enum BackendKind {
     /// `model.safetensors`.
     Candle,
     /// ruri's own pure-Rust engine: fp32, and int8 with exact integer kernels (the same
-    /// vector on every CPU), from `model.safetensors`. The default ([`BackendKind::best`]).
+    /// vector on every CPU), from `model.safetensors`. The default backend when compiled in.
     Native,
 }
 
