@@ -726,7 +726,9 @@ fn onnx_only_wanted(backend: BackendKind) -> String {
 /// instead of the backend's bare [`Error::MissingFile`]. A folder with neither keeps the
 /// backend's own error.
 fn refuse_onnx_only(backend: BackendKind, target: &Target<'_>) -> Result<()> {
-    let Target::Dir(dir) = target else {
+    // A Hub repository's listing is checked after the backend's own refusal
+    // (name_ort_for_onnx_only).
+    let Some(dir) = target.dir() else {
         return Ok(());
     };
     if !dir.is_dir() || dir.join(SAFETENSORS).is_file() {
@@ -800,6 +802,17 @@ enum Target<'a> {
     Dir(&'a Path),
     #[cfg(feature = "hub")]
     Hub(crate::hub::HubRepo),
+}
+
+impl Target<'_> {
+    /// The folder, for a folder target.
+    fn dir(&self) -> Option<&Path> {
+        match self {
+            Target::Dir(dir) => Some(dir),
+            #[cfg(feature = "hub")]
+            Target::Hub(_) => None,
+        }
+    }
 }
 
 /// Loads a model with the best backend compiled in ([`BackendKind::best`]: the native engine
