@@ -62,8 +62,8 @@ struct Args {
     /// Lines read and embedded at a time (bounds memory).
     #[arg(long, default_value_t = 1024)]
     chunk: usize,
-    /// ONNX Runtime intra-op threads (default: ONNX Runtime's choice; ort only: candle
-    /// follows RAYON_NUM_THREADS).
+    /// Worker threads of the native engine, or ONNX Runtime's intra-op threads (default: the
+    /// backend's choice, one per core; candle follows RAYON_NUM_THREADS instead).
     #[arg(long)]
     threads: Option<usize>,
 }

@@ -14,6 +14,11 @@
 //! let args = Args::parse_from(["prog", "--backend", "candle", "--precision", "bf16"]);
 //! let wanted = EmbedderConfig::new().backend(BackendKind::Candle).precision(Precision::Bf16);
 //! assert_eq!(args.model.config(), wanted);
+//!
+//! // Without flags: the loader's defaults, the best backend compiled in (native) at fp32.
+//! let args = Args::parse_from(["prog"]);
+//! assert_eq!(args.model.config(), EmbedderConfig::new());
+//! assert_eq!(args.model.backend, BackendKind::best());
 //! ```
 
 use std::path::PathBuf;
@@ -55,11 +60,14 @@ pub struct ModelArgs {
     /// Branch, tag or commit of a Hub model id (default: main).
     #[arg(long)]
     pub revision: Option<String>,
-    /// Inference backend.
-    #[arg(long, value_enum, default_value_t = BackendKind::Ort)]
+    /// Inference backend: native (ruri's own engine; reads model.safetensors), ort (ONNX
+    /// Runtime; also runs ONNX files, and an ONNX-only folder needs it) or candle. Default:
+    /// the best one compiled in (native, else ort, else candle).
+    #[arg(long, value_enum, default_value_t = BackendKind::best())]
     pub backend: BackendKind,
-    /// Weights precision (ort: of its graph built from model.safetensors, or else which ONNX
-    /// file of the folder runs; candle: the dtype).
+    /// Weights precision (native: fp32 or int8 with exact integer kernels; ort: of its graph
+    /// built from model.safetensors, or else which ONNX file of the folder runs; candle: the
+    /// dtype).
     #[arg(long, value_enum, default_value_t = Precision::Fp32)]
     pub precision: Precision,
     /// Run this ONNX file (relative to the model folder, or absolute) instead of the one

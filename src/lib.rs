@@ -3,18 +3,18 @@
 //! Build a [`TextEmbedder`] with a backend's builder, then embed:
 //!
 //! ```
-//! # #[cfg(feature = "ort")]
+//! # #[cfg(feature = "native")]
 //! # fn main() -> ruri::Result<()> {
 //! # let folder = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/tiny");
 //! // `folder`: a Ruri v3 model folder (here the repository's tiny random-weight test model).
-//! let embedder = ruri::ort::builder().build_from_dir(folder)?;
+//! let embedder = ruri::native::builder().build_from_dir(folder)?;
 //! let documents: Vec<String> = vec!["瑠璃は青い宝石です。".into(), "今日は晴れです。".into()];
 //! let docs = embedder.embed_documents(&documents)?;
 //! let query = embedder.embed_query("瑠璃色はどんな色？")?;
 //! let best = ruri::top_k(&query, &docs, 1)?;
 //! assert_eq!(best.len(), 1);
 //! # Ok(()) }
-//! # #[cfg(not(feature = "ort"))]
+//! # #[cfg(not(feature = "native"))]
 //! # fn main() {}
 //! ```
 //!
@@ -22,12 +22,17 @@
 //! options in one vocabulary and loads any of them ([`EmbedderConfig::build_from_dir`], or
 //! `build(source)` for a folder or a Hub id), refusing a combination no backend runs with one
 //! typed error; [`from_pretrained`] is the one-call form with the best backend compiled in.
-//! The command lines and the Python package load through it.
+//! The command lines and the Python package load through it. The default backend
+//! ([`BackendKind::best`]) is the native engine: it beat ONNX Runtime at fp32 and int8
+//! (BENCHMARKS.md) and needs no shared library, so the default path downloads no ONNX Runtime.
+//! ort stays for ONNX files (a model with ONNX files only is refused by the default backend
+//! with an error naming backend ort) and as the comparison.
 //!
 //! This facade re-exports what a program that embeds uses from [`ruri_core`] at its root
 //! ([`TextEmbedder`], the [`Embedder`] trait, [`Error`], [`ModelDir`], [`top_k`], …); what a
-//! backend implements or calls is in [`backend`]. The backends themselves are [`ort`] (ONNX
-//! Runtime, `ruri::ort::builder()`) and [`candle`] (`ruri::candle::builder()`). It also hosts
+//! backend implements or calls is in [`backend`]. The backends themselves are [`native`]
+//! (ruri's own engine, `ruri::native::builder()`), [`ort`] (ONNX Runtime,
+//! `ruri::ort::builder()`) and [`candle`] (`ruri::candle::builder()`). It also hosts
 //! the workspace's examples and benchmarks; measured figures are in the repository's
 //! BENCHMARKS.md.
 //!
@@ -37,7 +42,8 @@
 //!   library is loaded at run time (see [`ruri_ort`]'s docs for where it is looked for).
 //! * `candle` (default): the candle backend on CPU, [`ruri_candle`], as [`candle`].
 //! * `native` (default): ruri's own pure-Rust engine, [`ruri_native`], as [`native`]: fp32,
-//!   and int8 with exact integer kernels that give the same vector on every CPU.
+//!   and int8 with exact integer kernels that give the same vector on every CPU. The default
+//!   backend whenever it is compiled in (else ort, else candle: [`BackendKind::best`]).
 //! * `hub` (default): [`hub`], [`EmbedderConfig::build`] and `build_from_hub`, and the
 //!   backends' `build_from_hub(id)` and `build(source)` (a folder or a model id): downloads
 //!   into the Hugging Face Hub's standard cache, shared with Python's `huggingface_hub` (see

@@ -9,14 +9,15 @@
 //! only re-exports the backend crates). Adding a backend, e.g. `native`:
 //!
 //! 1. a [`BackendKind`] variant, listed in [`BackendKind::ALL`] and, under its feature, in
-//!    [`BackendKind::COMPILED`];
+//!    [`BackendKind::COMPILED`] (best first);
 //! 2. one arm in each `match` on it: `name`, `is_compiled`, `not_compiled`,
 //!    [`EmbedderConfig::validate`] (its precisions and options) and `EmbedderConfig::load`
 //!    (the compiler lists a forgotten one: these have no wildcard), and its name in
 //!    `from_str` (and in `runtime_version`/`loaded_runtime_path` if it loads a shared
 //!    library, else their `None` is right);
 //! 3. one `load_<backend>` pair: the builder call with the feature, the typed error without;
-//! 4. [`BackendKind::best`], if it becomes the best backend compiled in.
+//! 4. [`BackendKind::best`] (its `best_of` table and test), if it becomes the best backend
+//!    compiled in.
 //!
 //! Then the cargo feature (`native = ["dep:ruri-native"]`) and its re-export in lib.rs. No
 //! front end changes: `--backend native`, `RURI_BACKEND=native` and `backend="native"` parse
@@ -33,13 +34,14 @@ use ruri_core::{BatchOptions, Error, Result, TextEmbedder, Whitespace};
 #[non_exhaustive]
 pub enum BackendKind {
     /// ONNX Runtime: fp32, int8 and fp16; ruri's own graph built from `model.safetensors`
-    /// (fp32, int8 quantized at load) or the folder's ONNX files.
+    /// (fp32, int8 quantized at load) or the folder's ONNX files (the only backend that runs
+    /// those). Needs the ONNX Runtime library at run time.
     Ort,
     /// candle on the CPU (or CUDA with the `cuda` feature): fp32, bf16 and fp16 from
     /// `model.safetensors`.
     Candle,
     /// ruri's own pure-Rust engine: fp32, and int8 with exact integer kernels (the same
-    /// vector on every CPU), from `model.safetensors`.
+    /// vector on every CPU), from `model.safetensors`. The default backend when compiled in.
     Native,
 }
 
@@ -48,24 +50,50 @@ impl BackendKind {
     pub const ALL: &'static [BackendKind] =
         &[BackendKind::Ort, BackendKind::Candle, BackendKind::Native];
 
-    /// The backends this build has (their cargo features are on), best first.
+    /// The backends this build has (their cargo features are on), best first: the first is
+    /// [`BackendKind::best`].
     pub const COMPILED: &'static [BackendKind] = &[
+        #[cfg(feature = "native")]
+        BackendKind::Native,
         #[cfg(feature = "ort")]
         BackendKind::Ort,
         #[cfg(feature = "candle")]
         BackendKind::Candle,
-        #[cfg(feature = "native")]
-        BackendKind::Native,
     ];
 
-    /// The best backend compiled in, the default of [`EmbedderConfig`] and
-    /// [`from_pretrained`](crate::from_pretrained): ONNX Runtime, the fastest on CPUs, when
-    /// this build has it; else candle. With neither, `Ort`, whose [`validate`] then names the
-    /// feature to turn on. This is the one place that choice is made.
+    /// The best backend compiled in, the default of [`EmbedderConfig`],
+    /// [`from_pretrained`](crate::from_pretrained) and every front end (`--backend`,
+    /// `RURI_BACKEND`, Python's `backend=`). This is the one place that choice is made:
+    ///
+    /// | features | best |
+    /// |---|---|
+    /// | `native` (with or without the others; the default build) | `Native` |
+    /// | `ort`, no `native` | `Ort` |
+    /// | `candle` alone | `Candle` |
+    /// | none | `Native`, whose [`validate`] then names the feature to turn on |
+    ///
+    /// The native engine is first because it beat ONNX Runtime on the interleaved comparison
+    /// at both fp32 and int8 (BENCHMARKS.md: the 30m shape, 5 alternated rounds), starts in
+    /// half the time with a third of the memory, and needs no shared library at run time.
+    /// ONNX Runtime is next: it runs `model.safetensors` at fp32 and int8 as well, and is
+    /// the one backend for ONNX files (an ONNX-only folder needs `backend ort`, which the
+    /// loader names rather than switching to it unasked). candle runs fp32, bf16 and fp16.
     ///
     /// [`validate`]: EmbedderConfig::validate
     pub const fn best() -> BackendKind {
-        if cfg!(feature = "ort") || cfg!(not(feature = "candle")) {
+        Self::best_of(
+            cfg!(feature = "native"),
+            cfg!(feature = "ort"),
+            cfg!(feature = "candle"),
+        )
+    }
+
+    /// [`best`](Self::best) for a build with these backends, so every feature combination is
+    /// tested from one build.
+    const fn best_of(native: bool, ort: bool, candle: bool) -> BackendKind {
+        if native || !(ort || candle) {
+            BackendKind::Native
+        } else if ort {
             BackendKind::Ort
         } else {
             BackendKind::Candle
@@ -568,8 +596,16 @@ impl EmbedderConfig {
         self.validate()?;
         match self.backend {
             BackendKind::Ort => self.load_ort(target),
-            BackendKind::Candle => self.load_candle(target),
-            BackendKind::Native => self.load_native(target),
+            BackendKind::Candle => {
+                refuse_onnx_only(BackendKind::Candle, &target)?;
+                self.load_candle(target)
+                    .map_err(|e| name_ort_for_onnx_only(BackendKind::Candle, e))
+            }
+            BackendKind::Native => {
+                refuse_onnx_only(BackendKind::Native, &target)?;
+                self.load_native(target)
+                    .map_err(|e| name_ort_for_onnx_only(BackendKind::Native, e))
+            }
         }
     }
 
@@ -670,10 +706,97 @@ impl EmbedderConfig {
     }
 }
 
+/// The weights file the native engine and candle read (ort's fused graph too).
+const SAFETENSORS: &str = "model.safetensors";
+
+/// What an ONNX-only model lacks for `backend`, naming the fix: the default backend reads
+/// `model.safetensors`, and an ONNX port (sirasagi62/ruri-v3-30m-ONNX, an `optimum` export)
+/// has only ONNX files, which only ort runs. The loader does not switch backends by itself:
+/// the backend a front end reports (`GET /info`, Python's `.backend`) is the one that runs,
+/// and ONNX Runtime is loaded only when asked for.
+fn onnx_only_wanted(backend: BackendKind) -> String {
+    format!(
+        "{SAFETENSORS}, which backend {backend} reads (this model has ONNX files only: \
+         run them with backend ort, `--backend ort` or `backend=\"ort\"`)"
+    )
+}
+
+/// A model folder with ONNX files and no `model.safetensors`, on a backend that reads
+/// `model.safetensors`: [`Error::NoModelFile`] naming backend ort and listing the ONNX files,
+/// instead of the backend's bare [`Error::MissingFile`]. A folder with neither keeps the
+/// backend's own error.
+fn refuse_onnx_only(backend: BackendKind, target: &Target<'_>) -> Result<()> {
+    // A Hub repository's listing is checked after the backend's own refusal
+    // (name_ort_for_onnx_only).
+    let Some(dir) = target.dir() else {
+        return Ok(());
+    };
+    if !dir.is_dir() || dir.join(SAFETENSORS).is_file() {
+        return Ok(());
+    }
+    let found = onnx_files(dir);
+    if found.is_empty() {
+        return Ok(());
+    }
+    Err(Error::NoModelFile {
+        dir: dir.to_path_buf(),
+        wanted: onnx_only_wanted(backend),
+        looked_for: vec![SAFETENSORS.to_owned()],
+        found,
+    })
+}
+
+/// The same for a Hub repository, on the backend's own error: a repository without
+/// `model.safetensors` whose listing has ONNX files gets the fix named in `wanted`.
+fn name_ort_for_onnx_only(backend: BackendKind, error: Error) -> Error {
+    match error {
+        Error::RemoteFileNotFound {
+            repo,
+            revision,
+            wanted,
+            files,
+        } if wanted == SAFETENSORS && files.iter().any(|f| f.ends_with(".onnx")) => {
+            Error::RemoteFileNotFound {
+                repo,
+                revision,
+                wanted: onnx_only_wanted(backend),
+                files,
+            }
+        }
+        other => other,
+    }
+}
+
+/// Every `*.onnx` at the root of `dir` and in `dir/onnx/`, relative to `dir`, sorted (where
+/// ruri-ort looks for them).
+fn onnx_files(dir: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    for sub in ["", "onnx"] {
+        let Ok(entries) = std::fs::read_dir(dir.join(sub)) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".onnx") && entry.path().is_file() {
+                found.push(if sub.is_empty() {
+                    name
+                } else {
+                    format!("{sub}/{name}")
+                });
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
 /// Where [`EmbedderConfig::load`] reads the model from.
 #[cfg_attr(
     not(any(feature = "ort", feature = "candle", feature = "native")),
-    expect(dead_code, reason = "only a backend's load function reads it")
+    allow(
+        dead_code,
+        reason = "only a backend's load function reads a Hub target"
+    )
 )]
 enum Target<'a> {
     Dir(&'a Path),
@@ -681,11 +804,26 @@ enum Target<'a> {
     Hub(crate::hub::HubRepo),
 }
 
-/// Loads a model with the best backend compiled in ([`BackendKind::best`]) and its defaults
-/// (fp32): `model` is a folder or, with the `hub` feature, a Hugging Face Hub model id such
-/// as `"cl-nagoya/ruri-v3-30m"` (an existing folder wins). The one-call entry, as
-/// fastembed's `TextEmbedding::try_new`: `EmbedderConfig::default().build_from_arg(model,
-/// None)`.
+impl Target<'_> {
+    /// The folder, for a folder target.
+    fn dir(&self) -> Option<&Path> {
+        match self {
+            Target::Dir(dir) => Some(dir),
+            #[cfg(feature = "hub")]
+            Target::Hub(_) => None,
+        }
+    }
+}
+
+/// Loads a model with the best backend compiled in ([`BackendKind::best`]: the native engine
+/// in the default build, so no ONNX Runtime library is needed) and its defaults (fp32):
+/// `model` is a folder or, with the `hub` feature, a Hugging Face Hub model id such as
+/// `"cl-nagoya/ruri-v3-30m"` (an existing folder wins). The one-call entry, as fastembed's
+/// `TextEmbedding::try_new`: `EmbedderConfig::default().build_from_arg(model, None)`.
+///
+/// The native engine reads `model.safetensors`; a model with ONNX files only (an ONNX port)
+/// is [`Error::NoModelFile`] (a folder) or [`Error::RemoteFileNotFound`] (a Hub id) naming
+/// backend ort, which runs it: `EmbedderConfig::new().backend(BackendKind::Ort)`.
 ///
 /// A free function rather than `TextEmbedder::from_pretrained`: [`TextEmbedder`] lives in
 /// `ruri-core`, which knows no backend (the backends depend on it, not the reverse), and only
@@ -694,10 +832,12 @@ enum Target<'a> {
 /// ```
 /// # let model = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/tiny");
 /// // `model`: "cl-nagoya/ruri-v3-30m", or a folder (here the repository's tiny test model).
-/// # #[cfg(any(feature = "ort", feature = "candle"))] {
+/// # #[cfg(any(feature = "ort", feature = "candle", feature = "native"))] {
 /// let embedder = ruri::from_pretrained(model)?;
 /// let query = embedder.embed_query("瑠璃色はどんな色？")?;
 /// assert_eq!(query.len(), embedder.dim());
+/// # #[cfg(feature = "native")]
+/// # assert!(embedder.backend_as::<ruri::native::NativeBackend>().is_some(), "native by default");
 /// # }
 /// # Ok::<(), ruri::Error>(())
 /// ```
@@ -988,6 +1128,45 @@ mod tests {
             .sessions(2)
             .runtime_path("/lib/libonnxruntime.so");
         assert_eq!(ort.validate().is_ok(), BackendKind::Ort.is_compiled());
+    }
+
+    /// The table of [`BackendKind::best`]'s docs, written out: native whenever it is built
+    /// in, else ort, else candle; with none, native (whose refusal names its feature).
+    #[test]
+    fn the_best_backend_for_every_feature_combination() {
+        use BackendKind::{Candle, Native, Ort};
+        // (native, ort, candle) → best.
+        let table = [
+            ((true, true, true), Native),
+            ((true, true, false), Native),
+            ((true, false, true), Native),
+            ((true, false, false), Native),
+            ((false, true, true), Ort),
+            ((false, true, false), Ort),
+            ((false, false, true), Candle),
+            ((false, false, false), Native),
+        ];
+        for ((native, ort, candle), best) in table {
+            assert_eq!(
+                BackendKind::best_of(native, ort, candle),
+                best,
+                "native {native}, ort {ort}, candle {candle}"
+            );
+        }
+    }
+
+    /// The default build's default backend is the native engine, at fp32 (issue 21: it beat
+    /// ort at both precisions). Fails if the default moves to another backend.
+    #[cfg(feature = "native")]
+    #[test]
+    fn the_default_backend_is_native() {
+        assert_eq!(BackendKind::best(), BackendKind::Native);
+        assert_eq!(BackendKind::COMPILED.first(), Some(&BackendKind::Native));
+        let config = EmbedderConfig::default();
+        assert_eq!(config.get_backend(), BackendKind::Native);
+        assert_eq!(config.get_precision(), Precision::Fp32);
+        assert_eq!(EmbedderConfig::new(), config);
+        assert!(config.validate().is_ok());
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Hostile inputs on every graph and backend a user can get by default or by one option
-//! (ort's ONNX files fp32 and int8, ort's fused graph fp32 and int8 — the default —, candle
-//! f32, native fp32 and int8):
+//! (ort's ONNX files fp32 and int8, ort's fused graph fp32 and int8 — ort's default graph —,
+//! candle f32, native fp32 and int8 — the default backend):
 //! each test is a row of docs/hostile-inputs.md. A text gets a typed error or a correct
 //! vector, never a panic, never a dropped or reordered item. "Correct" means equal to
 //! Python: the expected token ids and vectors come from testdata/reference/tiny.json and

@@ -1,6 +1,6 @@
 //! Broken model folders on every graph and backend a user can get by default or by one
-//! option (ort's fused graph fp32 and int8, the default; ort's ONNX files fp32 and int8;
-//! candle f32; native int8): a typed error whose message names the problem, or, where a backend does not read the broken file, a loaded
+//! option (ort's fused graph fp32 and int8, ort's default graph; ort's ONNX files fp32 and
+//! int8; candle f32; native, the default backend): a typed error whose message names the problem, or, where a backend does not read the broken file, a loaded
 //! model equal to Python. Never a panic. Rows of docs/hostile-inputs.md.
 
 use std::path::Path;

@@ -58,7 +58,7 @@ edition = "2024"
 publish = false
 
 [dependencies]
-ruri = {{ path = "{}", default-features = false, features = ["ort", "hub"] }}
+ruri = {{ path = "{}", default-features = false, features = ["native", "ort", "hub"] }}
 
 [workspace]
 "#,

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# The main job on a fresh machine: installs ONNX Runtime if needed (tools/fetch-onnxruntime.sh),
-# then runs the `ruri` command (ruri-cli) in release mode as `ruri embed` with the given
-# arguments: texts on stdin (or --input FILE), JSON lines on stdout (or --output FILE).
+# The main job on a fresh machine: runs the `ruri` command (ruri-cli) in release mode as
+# `ruri embed` with the given arguments: texts on stdin (or --input FILE), JSON lines on stdout
+# (or --output FILE).
 #
 #   echo "瑠璃色はどんな色？" | tools/embed.sh --model cl-nagoya/ruri-v3-30m --task query
 #   tools/embed.sh --model cl-nagoya/ruri-v3-30m --input docs.jsonl --output docs.parquet
+#
+# The default backend is ruri's own engine (native), which needs no ONNX Runtime: nothing is
+# installed. With `--backend ort` (an ONNX-only folder such as sirasagi62/ruri-v3-30m-ONNX
+# needs it) the ONNX Runtime library is installed first if it is not there yet
+# (tools/fetch-onnxruntime.sh).
 #
 # `--model` takes a folder or a Hugging Face Hub model id (with `--revision`), fetched into the
 # Hub's cache (HF_HOME / HF_HUB_CACHE; HF_ENDPOINT, HF_TOKEN and HF_HUB_OFFLINE=1 apply).
@@ -14,7 +19,9 @@
 # `cargo install --path ruri-cli` puts the same `ruri` on the PATH.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-"$root/tools/fetch-onnxruntime.sh" >/dev/null
+if [[ " $* " == *" --backend ort "* || " $* " == *" --backend=ort "* ]]; then
+  "$root/tools/fetch-onnxruntime.sh" >/dev/null
+fi
 model=()
 if [[ " $* " != *" --model "* && " $* " != *" --model="* ]]; then
   echo "note: no --model given; using $root/testdata/tiny, a random-weight TEST model: its vectors mean nothing" >&2

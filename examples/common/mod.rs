@@ -23,8 +23,9 @@ pub fn dir_or_tiny(args: &ModelArgs) -> PathBuf {
     })
 }
 
-/// Loads `model` (a folder, or a Hub id at `--revision`) as the flags ask, with ONNX
-/// Runtime's `threads`; the error is the message to print.
+/// Loads `model` (a folder, or a Hub id at `--revision`) as the flags ask (the native engine
+/// unless `--backend` says otherwise), with the backend's `threads`; the error is the message
+/// to print.
 pub fn load(
     args: &ModelArgs,
     model: &Path,

@@ -49,6 +49,67 @@ fn embed(args: &[&str], stdin: Option<&[u8]>) -> Output {
     child.wait_with_output().unwrap()
 }
 
+/// `ruri embed` on the tiny model with `args` only (no `--backend`), stdin `input`, and no
+/// ONNX Runtime to be found: `ORT_DYLIB_PATH` names a file that does not exist, which ort
+/// refuses rather than searching on.
+fn embed_without_onnx_runtime(args: &[&str], input: &[u8]) -> Output {
+    let mut child = ruri()
+        .arg("embed")
+        .arg("--model")
+        .arg(tiny_model_dir())
+        .args(args)
+        .env("ORT_DYLIB_PATH", "/nonexistent/libonnxruntime.so")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the ruri binary runs");
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// The main command's path (`tools/embed.sh` runs `ruri embed`): with no `--backend`, the
+/// native engine at fp32, which needs no ONNX Runtime. Fails if the default moves to ort
+/// (it cannot load here) or to another precision (other vectors).
+#[test]
+fn the_default_backend_is_native_and_needs_no_onnx_runtime() {
+    let input = "瑠璃色はどんな色？\n瑠璃は青い宝石です。\n".as_bytes();
+    let default = ok(embed_without_onnx_runtime(&["--task", "query"], input));
+    let native = ok(embed_without_onnx_runtime(
+        &[
+            "--task",
+            "query",
+            "--backend",
+            "native",
+            "--precision",
+            "fp32",
+        ],
+        input,
+    ));
+    assert_eq!(json_lines(&default.stdout).len(), 2);
+    assert_eq!(default.stdout, native.stdout);
+    let int8 = ok(embed_without_onnx_runtime(
+        &[
+            "--task",
+            "query",
+            "--backend",
+            "native",
+            "--precision",
+            "int8",
+        ],
+        input,
+    ));
+    assert_ne!(default.stdout, int8.stdout, "the default precision is fp32");
+    // ort, named, does need the library: this environment really has none.
+    let ort = embed_without_onnx_runtime(&["--task", "query", "--backend", "ort"], input);
+    assert!(!ort.status.success());
+    assert!(
+        stderr(&ort).contains("ONNX Runtime could not be loaded"),
+        "{}",
+        stderr(&ort)
+    );
+}
+
 fn ok(output: Output) -> Output {
     assert!(
         output.status.success(),

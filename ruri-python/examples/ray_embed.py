@@ -32,7 +32,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="actors (one model each)")
     parser.add_argument("--cpus-per-worker", type=float, default=1)
     parser.add_argument("--batch-size", type=int, default=256, help="rows per call")
-    parser.add_argument("--backend", default="ort")
+    parser.add_argument("--backend", default=None,
+                        help="native, ort or candle (default: ruri.DEFAULT_BACKEND, native)")
     parser.add_argument("--precision", default=None)
     parser.add_argument("--task", choices=["query", "document"], default="document")
     parser.add_argument("--demo-rows", type=int, default=1000,

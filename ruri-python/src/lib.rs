@@ -200,8 +200,8 @@ struct Engine {
 
 #[pymethods]
 impl Engine {
-    /// Loads `model` (a folder, or a Hub model id with the `hub` feature) on `backend` ("ort"
-    /// or "candle") at `precision`.
+    /// Loads `model` (a folder, or a Hub model id with the `hub` feature) on `backend`
+    /// ("native", "ort" or "candle") at `precision`.
     #[new]
     #[pyo3(signature = (model, backend, precision, whitespace, runtime_path=None, intra_threads=None, sessions=None, max_batch_tokens=None, revision=None, cache_folder=None, token=None, local_files_only=false))]
     #[allow(
@@ -493,6 +493,8 @@ fn _ruri(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     let backends: Vec<&str> = BackendKind::COMPILED.iter().map(|b| b.name()).collect();
     m.add("BACKENDS", backends)?;
+    // `ruri.Embedder(backend=None)`: the loader's one choice (native whenever it is built in).
+    m.add("DEFAULT_BACKEND", BackendKind::best().name())?;
     // "" without the ort backend.
     m.add(
         "ONNXRUNTIME_VERSION",

@@ -31,12 +31,12 @@ def tiny_reference() -> dict:
 
 @pytest.fixture(scope="session")
 def ort_fp32() -> ruri.Embedder:
-    return ruri.Embedder(TINY, precision="fp32")
+    return ruri.Embedder(TINY, backend="ort", precision="fp32")
 
 
 @pytest.fixture(scope="session")
 def ort_int8() -> ruri.Embedder:
-    return ruri.Embedder(TINY)
+    return ruri.Embedder(TINY, backend="ort")
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ float32, a list (n, dim) float32, an empty list np.array([]) of shape (0,), floa
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 
@@ -76,7 +77,7 @@ def test_truncate_dim(ort_fp32):
     np.testing.assert_allclose(unit, raw[:, :16] / np.linalg.norm(raw[:, :16], axis=1,
                                                                  keepdims=True), atol=1e-6)
     assert ort_fp32.encode(TEXTS, truncate_dim=1000).shape == (3, 64)
-    model = ruri.Embedder(TINY, precision="fp32", truncate_dim=8)
+    model = ruri.Embedder(TINY, backend="ort", precision="fp32", truncate_dim=8)
     assert model.get_sentence_embedding_dimension() == 8
     assert model.encode(TEXTS[0]).shape == (8,)
     assert model.encode(TEXTS[0], truncate_dim=32).shape == (32,)
@@ -122,9 +123,9 @@ def test_default_prompt_name_applies_when_no_prompt_is_named(tmp_path):
     config = json.loads(path.read_text(encoding="utf-8"))
     config["default_prompt_name"] = "query"
     path.write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
-    model = ruri.Embedder(folder, precision="fp32")
+    model = ruri.Embedder(folder, backend="ort", precision="fp32")
     assert model.default_prompt_name == "query"
-    plain = ruri.Embedder(TINY, precision="fp32")
+    plain = ruri.Embedder(TINY, backend="ort", precision="fp32")
     np.testing.assert_allclose(model.encode(TEXTS), plain.encode(TEXTS, prompt_name="query"),
                                atol=1e-6)
     np.testing.assert_allclose(model.encode(TEXTS, prompt=""), plain.encode(TEXTS), atol=1e-6)
@@ -145,6 +146,18 @@ def test_similarity_is_cosine(ort_fp32):
     np.testing.assert_allclose(ort_fp32.similarity_pairwise(a[:2], b), np.diag(sim[:2]),
                                atol=1e-6)
     assert ort_fp32.similarity_fn_name == "cosine"
+
+
+def test_the_default_backend_is_native_at_int8(native_int8):
+    """Fails if ruri.Embedder's default moves off the native engine (issue 21: it beat ort at
+    fp32 and int8), or off int8."""
+    assert ruri.DEFAULT_BACKEND == "native"
+    assert inspect.signature(ruri.Embedder).parameters["backend"].default is None
+    model = ruri.Embedder(TINY)
+    assert (model.backend, model.precision) == ("native", "int8")
+    np.testing.assert_array_equal(model.encode(TEXTS), native_int8.encode(TEXTS))
+    # ONNX Runtime only when named.
+    assert ruri.Embedder(TINY, backend="ort").backend == "ort"
 
 
 def test_model_attributes(ort_int8, ort_fp32):

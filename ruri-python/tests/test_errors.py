@@ -118,13 +118,32 @@ def test_folder_without_model_files(tmp_path):
         if backend in ruri.BACKENDS:
             with pytest.raises(ruri.ModelLoadError):
                 ruri.Embedder(folder, backend=backend)
+    # The default (native) reads model.safetensors: with no ONNX file either, the plain
+    # missing file.
+    for backend in (None, "native"):
+        with pytest.raises(ruri.ModelLoadError, match=r"missing file .*model\.safetensors"):
+            ruri.Embedder(folder, backend=backend)
+
+
+def test_an_onnx_only_folder_needs_backend_ort_and_the_error_says_so(tmp_path):
+    folder = copy_tiny(tmp_path, keep=lambda n: n != "model.safetensors")
+    for kwargs in ({}, {"backend": "native"}, {"backend": "native", "precision": "fp32"}):
+        with pytest.raises(ruri.ModelLoadError) as e:
+            ruri.Embedder(folder, **kwargs)
+        message = str(e.value)
+        assert "no model.safetensors, which backend native reads" in message, message
+        assert 'backend="ort"' in message and "onnx/model_quantized.onnx" in message, message
+    # The fix it names: ort runs the folder's ONNX files.
+    model = ruri.Embedder(folder, backend="ort")
+    assert (model.backend, model.precision) == ("ort", "int8")
+    assert model.encode(["瑠璃"]).shape == (1, 64)
 
 
 def test_corrupt_onnx_file_is_a_load_error(tmp_path):
     folder = copy_tiny(tmp_path, keep=lambda n: n != "model.safetensors")
     (folder / "onnx" / "model.onnx").write_bytes(b"\x08\x07garbage" * 100)
     with pytest.raises(ruri.ModelLoadError):
-        ruri.Embedder(folder, precision="fp32")
+        ruri.Embedder(folder, backend="ort", precision="fp32")
 
 
 def test_corrupt_safetensors_is_a_load_error_on_candle(tmp_path):
@@ -144,7 +163,9 @@ def test_corrupt_safetensors_is_a_load_error_on_candle(tmp_path):
     ({"device": "cuda:0"}, ruri.UnsupportedArgumentError),
     ({"revision": "main"}, ruri.InputError),  # a folder has no revisions
     ({"backend": "candle", "sessions": 2}, ruri.UnsupportedArgumentError),
-    ({"sessions": 0}, ruri.InputError),
+    ({"sessions": 2}, ruri.UnsupportedArgumentError),  # the default backend, native, has none
+    ({"runtime_path": "/lib/libonnxruntime.so"}, ruri.UnsupportedArgumentError),
+    ({"backend": "ort", "sessions": 0}, ruri.InputError),
     ({"max_batch_tokens": 0}, ruri.InputError),
     ({"backend": 3}, ruri.InputTypeError),
 ])
@@ -167,13 +188,30 @@ def test_missing_onnx_runtime_is_a_typed_error_in_a_fresh_process():
     code = (
         "import ruri\n"
         "try:\n"
-        f"    ruri.Embedder({str(TINY)!r}, precision='fp32')\n"
+        f"    ruri.Embedder({str(TINY)!r}, backend='ort', precision='fp32')\n"
         "except ruri.RuntimeUnavailableError as e:\n"
         "    print('RuntimeUnavailableError', str(e).splitlines()[0])\n"
     )
     done = run_python(code, ORT_DYLIB_PATH="/nonexistent/libonnxruntime.so")
     assert done.returncode == 0, done.stderr
     assert "RuntimeUnavailableError ONNX Runtime could not be loaded" in done.stdout
+
+
+def test_the_default_backend_needs_no_onnx_runtime_in_a_fresh_process():
+    code = (
+        "import ruri\n"
+        f"m = ruri.Embedder({str(TINY)!r})\n"
+        "print(m.backend, m.precision, m.encode(['瑠璃']).shape)\n"
+        "print(ruri._ruri.Engine.loaded_runtime_path())\n"
+        "try:\n"
+        f"    ruri.Embedder({str(TINY)!r}, backend='ort')\n"
+        "except ruri.RuntimeUnavailableError:\n"
+        "    print('ort: RuntimeUnavailableError')\n"
+    )
+    done = run_python(code, ORT_DYLIB_PATH="/nonexistent/libonnxruntime.so")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["native int8 (1, 64)", "None",
+                                        "ort: RuntimeUnavailableError"], done.stdout
 
 
 def test_hostile_texts_never_crash_the_process():
@@ -194,9 +232,12 @@ def test_hostile_texts_never_crash_the_process():
 # prints for --precision bf16 and --backend candle --precision int8
 # (ruri-server/tests/front_ends.rs checks that the two front ends agree).
 @pytest.mark.parametrize("kwargs,message", [
-    ({"precision": "bf16"},
+    ({"backend": "ort", "precision": "bf16"},
      "invalid option precision = bf16: ONNX Runtime runs fp32, int8 and fp16; "
      "bf16 needs backend candle"),
+    ({"precision": "bf16"},
+     "invalid option precision = bf16: the native engine runs fp32 and int8; fp16 and bf16 "
+     "need backend candle (or ort for fp16)"),
     ({"backend": "candle", "precision": "int8"},
      "invalid option precision = int8: candle runs fp32, bf16 and fp16; "
      "int8 needs backend ort or native"),

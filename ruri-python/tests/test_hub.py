@@ -30,10 +30,10 @@ def cache(tmp_path):
 
 def test_a_cached_id_loads_offline_and_equals_the_folder(cache):
     texts = ["瑠璃色はどんな色？", "瑠璃は青い宝石です。"]
-    folder = ruri.Embedder(TINY, precision="fp32")
+    folder = ruri.Embedder(TINY, backend="ort", precision="fp32")
     for kwargs in ({}, {"revision": "main"}, {"revision": COMMIT}):
-        by_id = ruri.Embedder("ruri-test/tiny", precision="fp32", cache_folder=cache,
-                              local_files_only=True, **kwargs)
+        by_id = ruri.Embedder("ruri-test/tiny", backend="ort", precision="fp32",
+                              cache_folder=cache, local_files_only=True, **kwargs)
         assert by_id.model_path == "ruri-test/tiny"
         np.testing.assert_array_equal(by_id.encode(texts), folder.encode(texts))
 

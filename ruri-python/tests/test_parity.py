@@ -116,8 +116,8 @@ def test_int8_is_not_fp32(ort_int8, ort_fp32, tiny_reference):
 def test_whitespace_policies_match_their_sentence_transformers(policy, reference):
     ref = load_reference(reference)
     assert ref["behaviour"] == policy
-    model = ruri.Embedder(TINY, precision="fp32", whitespace=policy)
-    default = ruri.Embedder(TINY, precision="fp32")
+    model = ruri.Embedder(TINY, backend="ort", precision="fp32", whitespace=policy)
+    default = ruri.Embedder(TINY, backend="ort", precision="fp32")
     assert model.whitespace == policy and default.whitespace == "keep"
     items = ref["items"]
     vectors = [model.encode(i["text"], prompt_name=i["prompt_name"]) for i in items]

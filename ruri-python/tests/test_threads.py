@@ -40,7 +40,8 @@ def test_the_gil_is_released_during_a_call():
     import ruri
     from conftest import TINY
 
-    model = ruri.Embedder(TINY, precision="fp32", intra_threads=1)  # leaves a core to spin on
+    # intra_threads=1 leaves a core to spin on.
+    model = ruri.Embedder(TINY, backend="ort", precision="fp32", intra_threads=1)
     long_texts = [t * 8 for t in TEXTS] * 4
     model.encode(long_texts[:2])  # warm
     stop = threading.Event()

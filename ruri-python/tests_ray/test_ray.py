@@ -99,10 +99,11 @@ def test_two_nodes_native_bit_equal(cluster, parquet):
 
 def test_two_nodes_ort_fp32_pyarrow(cluster, parquet):
     texts = make_texts(ROWS)
-    expected = ruri.Embedder(TINY, precision="fp32").encode(texts, normalize_embeddings=True)
+    expected = ruri.Embedder(TINY, backend="ort", precision="fp32").encode(
+        texts, normalize_embeddings=True)
     ds = ruri.ray.embed_dataset(
         read(parquet), TINY, workers=2, batch_size=200,
-        precision="fp32", normalize=True,
+        backend="ort", precision="fp32", normalize=True,
         map_batches_kwargs={"batch_format": "pyarrow"})
     table = ds.to_arrow_refs()
     table = pa.concat_tables(ray.get(table))

@@ -45,6 +45,8 @@ def test_the_readme_ray_example_runs_on_the_cluster(cluster, tmp_path):
     order = np.argsort(table.column("id").to_numpy())
     vectors = np.stack([np.asarray(v, dtype=np.float32)
                         for v in table.column("embedding").to_pylist()])[order]
-    # The default backend and precision (ort int8), as in the plain package's encode.
-    expected = ruri.Embedder(TINY).encode_document(texts)
+    # The default backend and precision (native int8), as in the plain package's encode.
+    default = ruri.Embedder(TINY)
+    assert (default.backend, default.precision) == ("native", "int8")
+    expected = default.encode_document(texts)
     np.testing.assert_allclose(vectors, expected, atol=1e-5)

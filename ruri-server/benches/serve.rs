@@ -616,6 +616,9 @@ impl ServerProcess {
     fn start(options: &Options, binary: &PathBuf) -> Result<Self, String> {
         let mut child = Command::new(binary)
             .args(["--addr", "127.0.0.1:0"])
+            // The library side runs ruri-ort; the server's default backend is the native
+            // engine since issue 21, so name ort to time the same model on both sides.
+            .args(["--backend", "ort"])
             .args(options.model_flags())
             .stdin(Stdio::null())
             .stdout(Stdio::null())

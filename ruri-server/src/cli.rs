@@ -42,12 +42,13 @@ pub struct Args {
     /// The model to serve.
     #[command(flatten)]
     pub model: ModelArgs,
-    /// ONNX Runtime intra-op threads (default: ONNX Runtime's choice, one per physical core).
-    /// On cores shared with other work, 1 avoids its pool threads spinning between operators.
+    /// Worker threads of the native engine, or ONNX Runtime's intra-op threads (default: the
+    /// backend's choice, one per core). With ort on cores shared with other work, 1 avoids
+    /// its pool threads spinning between operators. Not for candle.
     #[arg(long, env = "RURI_THREADS")]
     pub threads: Option<usize>,
-    /// ONNX Runtime sessions running one call's batches at once (default 1). More sessions
-    /// with `--threads 1` give more throughput for more memory.
+    /// ONNX Runtime sessions running one call's batches at once (default 1; ort only). More
+    /// sessions with `--threads 1` give more throughput for more memory.
     #[arg(long, env = "RURI_SESSIONS")]
     pub sessions: Option<usize>,
     /// Model name echoed in OpenAI answers (default: the model folder's name).
@@ -112,11 +113,14 @@ pub struct ModelArgs {
     /// Branch, tag or commit of a Hub model id (default: main; pin a commit in production).
     #[arg(long, env = "RURI_REVISION")]
     pub revision: Option<String>,
-    /// Inference backend.
-    #[arg(long, env = "RURI_BACKEND", value_enum, default_value_t = BackendKind::Ort)]
+    /// Inference backend: native (ruri's own engine; reads model.safetensors), ort (ONNX
+    /// Runtime; also runs ONNX files, and an ONNX-only folder needs it) or candle. Default:
+    /// the best one compiled in (native, else ort, else candle).
+    #[arg(long, env = "RURI_BACKEND", value_enum, default_value_t = BackendKind::best())]
     pub backend: BackendKind,
-    /// Weights precision (ort: of its graph built from model.safetensors, which int8 quantizes
-    /// at load, or else which ONNX file of the folder runs; candle: the dtype).
+    /// Weights precision (native: fp32, or int8 with exact integer kernels; ort: of its graph
+    /// built from model.safetensors, which int8 quantizes at load, or else which ONNX file of
+    /// the folder runs; candle: the dtype).
     #[arg(long, env = "RURI_PRECISION", value_enum, default_value_t = Precision::Fp32)]
     pub precision: Precision,
     /// Run this ONNX file (relative to the model folder, or absolute) instead of the one
@@ -329,15 +333,27 @@ mod tests {
         };
         let error = config(&["--backend", "candle", "--threads", "2"]).unwrap_err();
         assert!(error.contains("ONNX Runtime options"), "{error}");
-        let error = config(&["--precision", "bf16"]).unwrap_err();
+        let error = config(&["--backend", "ort", "--precision", "bf16"]).unwrap_err();
         assert!(error.contains("bf16 needs backend candle"), "{error}");
+        // The default backend, native, runs fp32 and int8, and has no sessions.
+        if cfg!(feature = "native") {
+            let error = config(&["--precision", "bf16"]).unwrap_err();
+            assert!(
+                error.contains(
+                    "the native engine runs fp32 and int8; fp16 and bf16 need backend candle"
+                ),
+                "{error}"
+            );
+            let error = config(&["--sessions", "2"]).unwrap_err();
+            assert!(error.contains("invalid option sessions = 2"), "{error}");
+        }
         let error = config(&["--backend", "candle", "--precision", "int8"]).unwrap_err();
         assert!(error.contains("int8 needs backend ort"), "{error}");
         let error = config(&["--backend", "candle", "--onnx-file", "x.onnx"]).unwrap_err();
         assert!(error.contains("onnx_file = x.onnx"), "{error}");
         let error = config(&["--max-inputs", "0"]).unwrap_err();
         assert!(error.contains("--max-inputs must be positive"), "{error}");
-        let error = config(&["--sessions", "0"]).unwrap_err();
+        let error = config(&["--backend", "ort", "--sessions", "0"]).unwrap_err();
         assert!(error.contains("--sessions must be positive"), "{error}");
         let error = config(&["--max-connections", "0"]).unwrap_err();
         assert!(
@@ -349,6 +365,26 @@ mod tests {
             error.contains("--max-tokenizing must be positive"),
             "{error}"
         );
+    }
+
+    /// With no --backend or RURI_BACKEND, the server runs the native engine at fp32, and
+    /// says so in GET /info (`backend`, `model_dtype`). Fails if the default moves.
+    #[cfg(feature = "native")]
+    #[test]
+    fn the_default_backend_is_native_at_fp32() {
+        let args = Args::try_parse_from(["ruri-server", "--model", "m"]).unwrap();
+        assert_eq!(args.model.backend, BackendKind::Native);
+        assert_eq!(args.model.precision, Precision::Fp32);
+        assert_eq!(args.embedder_config(), EmbedderConfig::new());
+        let config = args.config().unwrap();
+        assert_eq!(config.backend.as_deref(), Some("native"));
+        assert_eq!(config.model_dtype.as_deref(), Some("float32"));
+        // Native's worker threads are accepted; ort is still one flag away.
+        let args = Args::try_parse_from(["ruri-server", "--model", "m", "--threads", "2"]).unwrap();
+        assert!(args.config().is_ok());
+        let args =
+            Args::try_parse_from(["ruri-server", "--model", "m", "--backend", "ort"]).unwrap();
+        assert_eq!(args.config().unwrap().backend.as_deref(), Some("ort"));
     }
 
     #[test]

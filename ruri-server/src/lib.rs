@@ -50,13 +50,13 @@
 //! # Example
 //!
 //! ```no_run
-//! # #[cfg(feature = "ort")]
+//! # #[cfg(feature = "native")]
 //! # fn main() -> std::io::Result<()> {
 //! let runtime = tokio::runtime::Runtime::new()?;
 //! runtime.block_on(async {
 //!     let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
 //!     let (router, model_thread) = ruri_server::start(ruri_server::Config::default(), || {
-//!         ruri::ort::builder()
+//!         ruri::native::builder()
 //!             .build_from_dir("path/to/ruri-v3-30m")
 //!             .map_err(|e| ruri_server::describe(&e))
 //!     })?;
@@ -66,14 +66,18 @@
 //!     Ok(())
 //! })
 //! # }
-//! # #[cfg(not(feature = "ort"))]
+//! # #[cfg(not(feature = "native"))]
 //! # fn main() {}
 //! ```
 //!
 //! # Features
 //!
-//! * `ort` (default): `--backend ort`, ONNX Runtime, loaded at run time.
+//! * `native` (default): `--backend native`, ruri's own pure-Rust engine (fp32, exact int8
+//!   from `model.safetensors`); the default backend whenever it is built in.
+//! * `ort` (default): `--backend ort`, ONNX Runtime, loaded at run time; the default backend
+//!   without `native`, and the one for ONNX files (an ONNX-only model needs it).
 //! * `candle` (default): `--backend candle`, candle on the CPU.
+//! * `hub` (default): `--model ORG/NAME`, Hugging Face Hub model ids.
 //! * `cuda`: CUDA devices for candle (needs the CUDA toolkit to build).
 //!
 //! A backend left out at build time is refused at start-up with a message naming the feature.

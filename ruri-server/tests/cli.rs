@@ -49,6 +49,16 @@ fn help_lists_every_flag_with_its_environment_variable() {
         );
     }
     assert!(help.contains("RURI_API_KEY"), "{help}");
+    // The default backend, as --help shows it.
+    let backend = help
+        .split("--backend <BACKEND>")
+        .nth(1)
+        .and_then(|rest| rest.split("--precision <PRECISION>").next())
+        .expect("--backend's help");
+    assert!(
+        backend.contains("[default: native]") && backend.contains("[env: RURI_BACKEND="),
+        "{backend}"
+    );
 }
 
 #[test]
@@ -62,13 +72,28 @@ fn without_a_model_it_says_how_to_give_one() {
 #[test]
 fn flags_come_from_the_environment() {
     // RURI_MODEL satisfies the required flag; RURI_PRECISION's impossible value then fails
-    // before anything loads or listens.
+    // before anything loads or listens, on the default backend (native) and on RURI_BACKEND.
     let output = ruri_server(&[], &[("RURI_MODEL", "m"), ("RURI_PRECISION", "bf16")]);
     assert!(!output.status.success());
     let message = stderr(&output);
     assert!(
         message.contains("error: invalid option precision = bf16: ")
-            && message.contains("bf16 needs backend candle"),
+            && message.contains("the native engine runs fp32 and int8"),
+        "{message}"
+    );
+    let output = ruri_server(
+        &[],
+        &[
+            ("RURI_MODEL", "m"),
+            ("RURI_PRECISION", "bf16"),
+            ("RURI_BACKEND", "ort"),
+        ],
+    );
+    assert!(!output.status.success());
+    let message = stderr(&output);
+    assert!(
+        message.contains("error: invalid option precision = bf16: ")
+            && message.contains("ONNX Runtime runs fp32, int8 and fp16; bf16 needs backend candle"),
         "{message}"
     );
     // A flag on the command line wins over its variable.

@@ -4,7 +4,8 @@
 //! ruri-python's constructor parses (`EmbedderConfig::from_names`, which `ruri._ruri.Engine`
 //! calls). Front ends choose the graph only through `--onnx-file` (an ONNX file, or the
 //! automatic choice); the fused-graph combinations are checked on the config itself in the
-//! facade's unit tests.
+//! facade's unit tests. With nothing named, every front end gets the default: the native
+//! engine at fp32.
 //!
 //! One test in this binary: it sets `RURI_*` variables of the process, which no other test
 //! may read meanwhile.
@@ -181,6 +182,42 @@ fn every_front_end_reaches_the_same_config_and_the_same_refusal() {
         }
     }
     assert_eq!(checked, 3 * 4 * 2 * 2);
+
+    // Nothing named: every front end gets the loader's defaults, the native engine at fp32
+    // (Python's `backend=None` is `ruri._ruri.DEFAULT_BACKEND`, `BackendKind::best()`; its
+    // precision default, int8, is the Python package's own and tested in its pytest suite).
+    let defaults = [
+        (
+            "examples",
+            ExampleArgs::try_parse_from(["prog"])
+                .unwrap()
+                .model
+                .config(),
+        ),
+        (
+            "server flags",
+            server_from_flags(&["ruri-server", "--model", "m"]).embedder_config(),
+        ),
+        (
+            "server environment",
+            server_from_env(&[("RURI_MODEL", "m")]).embedder_config(),
+        ),
+        (
+            "python",
+            EmbedderConfig::from_names(BackendKind::best().name(), "fp32", "keep").unwrap(),
+        ),
+    ];
+    for (front_end, config) in &defaults {
+        assert_eq!(config, &EmbedderConfig::new(), "{front_end}");
+        assert_eq!(config.get_backend(), BackendKind::Native, "{front_end}");
+        assert_eq!(config.get_precision(), Precision::Fp32, "{front_end}");
+        assert!(config.validate().is_ok(), "{front_end}");
+    }
+    // The server's GET /info reports it.
+    let info = server_from_flags(&["ruri-server", "--model", "m"])
+        .config()
+        .unwrap();
+    assert_eq!(info.backend.as_deref(), Some("native"));
 
     // ONNX Runtime's options with candle: the server's flags, its variables and Python's
     // keyword get one refusal (ruri's Python package raises UnsupportedArgumentError before

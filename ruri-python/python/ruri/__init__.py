@@ -3,7 +3,7 @@
 ::
 
     import ruri
-    model = ruri.Embedder("cl-nagoya/ruri-v3-30m")        # or a folder; ONNX Runtime, int8
+    model = ruri.Embedder("cl-nagoya/ruri-v3-30m")        # or a folder; ruri's own engine, int8
     vectors = model.encode_document(["瑠璃は青い宝石です。"])  # float32, shape (1, 256)
 
 :class:`Embedder` takes sentence-transformers' ``encode`` / ``encode_query`` /
@@ -21,7 +21,7 @@ from ._errors import (
     RuriError,
     UnsupportedArgumentError,
 )
-from ._ruri import BACKENDS, HUB, ONNXRUNTIME_VERSION, __version__
+from ._ruri import BACKENDS, DEFAULT_BACKEND, HUB, ONNXRUNTIME_VERSION, __version__
 from ._embedder import Embedder, onnxruntime_library
 from ._quantization import quantize_embeddings
 
@@ -30,6 +30,7 @@ __all__ = [
     "onnxruntime_library",
     "quantize_embeddings",
     "BACKENDS",
+    "DEFAULT_BACKEND",
     "HUB",
     "ONNXRUNTIME_VERSION",
     "RuriError",

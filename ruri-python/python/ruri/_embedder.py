@@ -90,11 +90,16 @@ class Embedder:
             id (``"cl-nagoya/ruri-v3-30m"``), downloaded into the standard Hugging Face cache
             (only the files the backend runs) or found there. An existing folder wins over an
             id of the same spelling.
-        backend: ``"ort"`` (ONNX Runtime; default), ``"native"`` (ruri's own pure-Rust
-            engine; reads model.safetensors) or ``"candle"`` (reads model.safetensors).
-        precision: ort: ``"int8"`` (default; the quantized ONNX file), ``"fp32"``,
-            ``"fp16"``. native: ``"int8"`` (default), ``"fp32"``. candle: ``"fp32"``
-            (default), ``"bf16"``, ``"fp16"``.
+        backend: ``None`` (default): :data:`ruri.DEFAULT_BACKEND`, the best backend of the
+            build, ``"native"`` in the published wheel. ``"native"``: ruri's own pure-Rust
+            engine (reads model.safetensors; no ONNX Runtime). ``"ort"``: ONNX Runtime (reads
+            model.safetensors or the folder's ONNX files; a model with ONNX files only, such
+            as an ONNX port, needs it). ``"candle"`` (reads model.safetensors; only in a
+            build with it).
+        precision: native: ``"int8"`` (default; exact integer kernels), ``"fp32"``. ort:
+            ``"int8"`` (default; quantized at load from model.safetensors, else the
+            quantized ONNX file), ``"fp32"``, ``"fp16"``. candle: ``"fp32"`` (default),
+            ``"bf16"``, ``"fp16"``.
         whitespace: ``"keep"`` (default): prompt + text are tokenized as given, as
             sentence-transformers >= 5.4 does. ``"strip"``: stripped like Python's
             ``str.strip()``, as sentence-transformers 2.x-5.3 did (the versions Ruri v3 was
@@ -110,9 +115,9 @@ class Embedder:
         runtime_path: The ONNX Runtime shared library to load. Default: ``ORT_DYLIB_PATH``
             if set, else the library of the installed ``onnxruntime`` wheel, else ruri's own
             search (``~/.cache/ruri/onnxruntime-<version>/``, the system path).
-        intra_threads: ort: threads per session inside an operator (default: one per
-            physical core); native: worker threads (default: one per core).
-        sessions: ort: sessions run at once (default 1).
+        intra_threads: native: worker threads (default: one per core); ort: threads per
+            session inside an operator (default: one per physical core).
+        sessions: ort only: sessions run at once (default 1).
         max_batch_tokens: The padded-token budget per batch (default 8192).
 
     Raises:
@@ -120,13 +125,15 @@ class Embedder:
             offline, or unreachable.
         RuntimeUnavailableError: ONNX Runtime cannot be loaded.
         InputError: An unknown backend, precision or whitespace policy.
-        UnsupportedArgumentError: A non-CPU ``device``, or an ort-only option with candle.
+        UnsupportedArgumentError: A non-CPU ``device``, or an ort-only option
+            (``runtime_path``, ``sessions``; with candle also ``intra_threads``) on another
+            backend, the default one included.
     """
 
     def __init__(
         self,
         model: Union[str, "os.PathLike[str]"],
-        backend: str = "ort",
+        backend: Optional[str] = None,
         precision: Optional[str] = None,
         *,
         whitespace: str = "keep",
@@ -144,6 +151,8 @@ class Embedder:
         if not isinstance(model, (str, os.PathLike)):
             raise InputTypeError(
                 f"model must be a folder path or a Hub id, got {type(model).__name__}")
+        if backend is None:
+            backend = _ruri.DEFAULT_BACKEND
         for name, value in (("backend", backend), ("whitespace", whitespace)):
             if not isinstance(value, str):
                 raise InputTypeError(f"{name} must be a str, got {type(value).__name__}")

@@ -7,6 +7,7 @@ import numpy.typing as npt
 
 __version__: str
 BACKENDS: List[str]
+DEFAULT_BACKEND: str
 ONNXRUNTIME_VERSION: str
 HUB: bool
 

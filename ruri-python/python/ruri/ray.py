@@ -49,6 +49,7 @@ except ModuleNotFoundError as error:  # pragma: no cover - exercised without Ray
         "(or pip install 'ray[data]')") from error
 
 from ._embedder import Embedder
+from ._ruri import DEFAULT_BACKEND
 from ._errors import InputError, InputTypeError
 
 __all__ = ["Embed", "embed_dataset"]
@@ -80,8 +81,11 @@ class Embed:
     Args:
         model: A model folder every node can read, or a Hugging Face Hub id (as
             :class:`ruri.Embedder`).
-        backend: ``"ort"`` (default), ``"native"`` or ``"candle"`` (if the wheel has it).
-        precision: As :class:`ruri.Embedder` (``None``: the backend's default, int8 on ort).
+        backend: As :class:`ruri.Embedder`: ``None`` (default) is
+            :data:`ruri.DEFAULT_BACKEND` (``"native"``); or ``"ort"``, ``"candle"`` (if the
+            wheel has it).
+        precision: As :class:`ruri.Embedder` (``None``: the backend's default, int8 on native
+            and ort).
         task: ``"query"`` (the ``"検索クエリ: "`` prompt, as ``encode_query``),
             ``"document"`` (``"検索文書: "``, as ``encode_document``) or ``None`` (no prompt
             unless ``prompt_name``/``prompt`` is given).
@@ -110,7 +114,8 @@ class Embed:
         ruri.ModelLoadError: The model cannot be loaded on this node.
     """
 
-    def __init__(self, model: Any, backend: str = "ort", precision: Optional[str] = None, *,
+    def __init__(self, model: Any, backend: Optional[str] = None,
+                 precision: Optional[str] = None, *,
                  task: Optional[str] = None, prompt_name: Optional[str] = None,
                  prompt: Optional[str] = None, text_column: str = "text",
                  output_column: str = "embedding", normalize: bool = False,
@@ -121,6 +126,8 @@ class Embed:
         for name, value in (("text_column", text_column), ("output_column", output_column)):
             if not isinstance(value, str):
                 raise InputTypeError(f"{name} must be a str, got {type(value).__name__}")
+        if backend is None:
+            backend = DEFAULT_BACKEND
         if intra_threads is None and backend in ("ort", "native"):
             intra_threads = _assigned_cpus()
         if intra_threads is not None:
