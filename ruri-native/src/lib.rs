@@ -117,6 +117,45 @@ pub mod bench {
         }
     }
 
+    /// An `n × k` fp32 weight matrix packed as the fp32 linears hold it, and `m` rows for it.
+    pub struct Fp32Gemm {
+        packed: Vec<f32>,
+        x: Vec<f32>,
+        out: Vec<f32>,
+        shape: (usize, usize, usize),
+    }
+
+    impl Fp32Gemm {
+        /// Deterministic pseudo-random operands of the given shape.
+        pub fn new(m: usize, n: usize, k: usize) -> Self {
+            let value =
+                |i: usize| ((i.wrapping_mul(2_654_435_761) >> 7) % 255) as f32 / 127.0 - 1.0;
+            let w: Vec<f32> = (0..n * k).map(value).collect();
+            let x = (0..m * k).map(|i| value(i * 7919 + 3)).collect();
+            Self {
+                packed: crate::kernels::simd_f32::pack_fp32(&w, n, k),
+                x,
+                out: vec![0.0; m * n],
+                shape: (m, n, k),
+            }
+        }
+
+        /// One multiplication (the widest version this CPU runs); returns a checksum.
+        pub fn run(&mut self) -> f32 {
+            let (m, n, k) = self.shape;
+            crate::kernels::simd_f32::fp32_gemm(
+                &self.x,
+                m,
+                k,
+                &self.packed,
+                n,
+                &mut self.out,
+                false,
+            );
+            self.out.iter().step_by(61).sum()
+        }
+    }
+
     /// `C = A · Wᵀ` (`a`: `m × k`, `w`: `n × k`, row-major; C `m × n`) on `kernel`, for tests
     /// that check a kernel against a sum computed elsewhere (ruri-wasm's node test). `None`
     /// when the kernel does not run here or a length does not match its shape.
