@@ -197,6 +197,28 @@ def test_missing_onnx_runtime_is_a_typed_error_in_a_fresh_process():
     assert "RuntimeUnavailableError ONNX Runtime could not be loaded" in done.stdout
 
 
+def test_ort_without_the_onnxruntime_wheel_names_the_extra(tmp_path):
+    # The wheel hidden (find_spec raises for a None entry in sys.modules), nothing in ruri's
+    # own folder, no ORT_DYLIB_PATH: the error says which extra installs the library.
+    code = (
+        "import sys\n"
+        "sys.modules['onnxruntime'] = None\n"
+        "import ruri\n"
+        "assert ruri.onnxruntime_library() is None\n"
+        "try:\n"
+        f"    ruri.Embedder({str(TINY)!r}, backend='ort', precision='fp32')\n"
+        "except ruri.RuntimeUnavailableError as e:\n"
+        "    print('RuntimeUnavailableError', str(e).splitlines()[-1])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("ORT_DYLIB_PATH", "LD_LIBRARY_PATH")}
+    env["RURI_CACHE_DIR"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "RuntimeUnavailableError" in done.stdout, done.stdout
+    assert "pip install 'ruri[ort]'" in done.stdout, done.stdout
+
+
 def test_the_default_backend_needs_no_onnx_runtime_in_a_fresh_process():
     code = (
         "import ruri\n"

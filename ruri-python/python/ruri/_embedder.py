@@ -11,7 +11,8 @@ from typing import Any, Iterable, List, Optional, Sequence, Union
 import numpy as np
 
 from . import _ruri
-from ._errors import InputError, InputTypeError, UnsupportedArgumentError
+from ._errors import (InputError, InputTypeError, RuntimeUnavailableError,
+                      UnsupportedArgumentError)
 from ._quantization import PRECISIONS, quantize_embeddings
 
 __all__ = ["Embedder", "onnxruntime_library"]
@@ -180,16 +181,26 @@ class Embedder:
             raise UnsupportedArgumentError("revision: this build of ruri has no Hub support")
         if precision is None:
             precision = _DEFAULT_PRECISION.get(backend, "fp32")
+        # The ort backend's library: the onnxruntime wheel's (the `ort` extra), unless named.
+        wheel_missing = False
         if runtime_path is None and backend == "ort" and not os.environ.get("ORT_DYLIB_PATH"):
             runtime_path = onnxruntime_library()
-        self._engine = _ruri.Engine(
-            path, backend, precision, whitespace,
-            runtime_path=None if runtime_path is None else os.fspath(runtime_path),
-            intra_threads=intra_threads, sessions=sessions, max_batch_tokens=max_batch_tokens,
-            revision=revision,
-            cache_folder=None if cache_folder is None else os.fspath(cache_folder),
-            token=token, local_files_only=bool(local_files_only),
-        )
+            wheel_missing = runtime_path is None
+        try:
+            self._engine = _ruri.Engine(
+                path, backend, precision, whitespace,
+                runtime_path=None if runtime_path is None else os.fspath(runtime_path),
+                intra_threads=intra_threads, sessions=sessions,
+                max_batch_tokens=max_batch_tokens, revision=revision,
+                cache_folder=None if cache_folder is None else os.fspath(cache_folder),
+                token=token, local_files_only=bool(local_files_only),
+            )
+        except RuntimeUnavailableError as e:
+            if not wheel_missing:
+                raise
+            raise RuntimeUnavailableError(
+                f"{e}\nThe onnxruntime package is not installed: `pip install 'ruri[ort]'` "
+                "installs the library backend='ort' loads.") from e
 
     # ------------------------------------------------------------------ sentence-transformers API
 

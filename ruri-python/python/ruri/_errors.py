@@ -41,8 +41,8 @@ class ModelLoadError(RuriError):
 
 class RuntimeUnavailableError(RuriError):
     """The ONNX Runtime shared library could not be found or loaded (``backend="ort"``). The
-    ``onnxruntime`` wheel this package depends on provides it; the message says what else
-    works."""
+    ``onnxruntime`` wheel of the ``ort`` extra (``pip install 'ruri[ort]'``) provides it; the
+    message says what else works."""
 
 
 class InputError(RuriError, ValueError):
