@@ -4,11 +4,11 @@
 //!
 //! Indexing every prefix of Ruri's 102,400 pieces at once (274,743 distinct prefixes) was most
 //! of the tokenizer's load, in a table of several MB whose every insert is a cache miss. Split
-//! by first character (1,398 groups in the 30m-shape test vocabulary), a load only groups the
-//! piece ids by that character, one sequential pass over the pieces; a text then builds the
-//! tables of the characters it has (the benchmark's first query with its prompt: 19 distinct
-//! characters, 28,894 pieces, of which 23,412 start with `▁`), and a long workload ends with
-//! most of them, together smaller than the one table was (it was sized for every prefix).
+//! by first character (1,398 groups in the 30m-shape test vocabulary), and by the first two
+//! characters where one character starts more than [`SPLIT_ABOVE`] pieces (23,412 start with
+//! `▁`), a load only groups the piece ids, in passes over the pieces in id order; a text then
+//! builds the tables of the characters (or pairs) it has, and a long workload ends with most
+//! of them, together smaller than the one table was (it was sized for every prefix).
 
 use std::hash::BuildHasher;
 use std::sync::OnceLock;
@@ -60,11 +60,29 @@ impl<'a> Pieces<'a> {
     }
 }
 
-/// The prefixes of the pieces, grouped by first character; see the module docs.
+/// Groups with more pieces than this are split by their second character, so that a text
+/// builds the tables of the character pairs it has rather than, say, every piece that starts
+/// with `▁` (23,412 of the 30m-shape vocabulary's 102,400).
+pub(crate) const SPLIT_ABOVE: u32 = 1024;
+
+/// What the pieces that start with one character are indexed by.
+#[derive(Clone, Copy, Debug)]
+enum First {
+    /// One group (its number) for all of them.
+    Group(u32),
+    /// Groups by their first two characters (in [`PrefixIndex::pairs`]); `single` is the
+    /// (last) id of the piece spelled as the character alone, if any.
+    Split { single: Option<u32> },
+}
+
+/// The prefixes of the pieces, grouped by first character (or first two); see the module
+/// docs.
 #[derive(Clone, Debug)]
 pub(crate) struct PrefixIndex {
-    /// First character → group.
-    groups: HashMap<char, u32, Hasher>,
+    firsts: HashMap<char, First, Hasher>,
+    /// Group of the pieces (two characters or more) of a split first character, by their
+    /// first two characters.
+    pairs: HashMap<(char, char), u32, Hasher>,
     /// Piece ids, by group; in id order within a group (equal spellings: the last id wins).
     ids: Vec<u32>,
     /// Group `g`'s ids are `ids[starts[g]..starts[g + 1]]`.
@@ -83,31 +101,95 @@ impl std::fmt::Debug for Table {
     }
 }
 
-impl PrefixIndex {
-    /// Groups the non-empty pieces by first character (a counting sort: two passes over the
-    /// pieces in id order); no prefix is indexed yet.
-    pub(crate) fn new(pieces: Pieces<'_>) -> Self {
-        let len = pieces.bounds.len() - 1;
-        let mut groups: HashMap<char, u32, Hasher> = HashMap::with_hasher(hasher());
-        let mut group_of = Vec::with_capacity(len);
-        let mut counts: Vec<u32> = Vec::new();
-        for id in 0..len {
-            let group = pieces.get(id).chars().next().map(|first| {
-                let next = groups.len() as u32;
-                let group = *groups.entry(first).or_insert(next);
-                if group == next {
-                    counts.push(0);
-                }
-                counts[group as usize] += 1;
-                group
+/// The index entries of the prefixes of one text position, found through
+/// [`PrefixIndex::at`].
+pub(crate) struct At<'a> {
+    /// For a split first character: its length in bytes and the piece it spells, if any.
+    single: Option<(usize, Option<u32>)>,
+    /// The table of the group the longer prefixes belong to, if any.
+    table: Option<&'a Table>,
+    pieces: Pieces<'a>,
+}
+
+impl At<'_> {
+    /// The entry for `bytes`, a prefix of the text [`PrefixIndex::at`] was given, if some
+    /// piece starts with them.
+    pub(crate) fn find(&self, bytes: &[u8]) -> Option<Prefix> {
+        if let Some((len, single)) = self.single
+            && bytes.len() == len
+        {
+            // Pieces start with the character (its group was split for having many).
+            return Some(Prefix {
+                piece: single.unwrap_or(0),
+                len: len as u32 | if single.is_some() { WHOLE } else { 0 },
             });
+        }
+        self.table?.find(bytes, self.pieces)
+    }
+}
+
+impl PrefixIndex {
+    /// Groups the non-empty pieces by first character, and those of a character with many
+    /// by their first two (counting sorts: passes over the pieces in id order); no prefix is
+    /// indexed yet.
+    ///
+    /// `split_above` is [`SPLIT_ABOVE`] but in tests.
+    pub(crate) fn new(pieces: Pieces<'_>, split_above: u32) -> Self {
+        let len = pieces.bounds.len() - 1;
+        let mut counts: HashMap<char, u32, Hasher> = HashMap::with_hasher(hasher());
+        for id in 0..len {
+            if let Some(first) = pieces.get(id).chars().next() {
+                *counts.entry(first).or_insert(0) += 1;
+            }
+        }
+        let mut firsts: HashMap<char, First, Hasher> = HashMap::with_hasher(hasher());
+        let mut pairs: HashMap<(char, char), u32, Hasher> = HashMap::with_hasher(hasher());
+        let mut sizes: Vec<u32> = Vec::new();
+        let new_group = |sizes: &mut Vec<u32>| {
+            sizes.push(0);
+            sizes.len() as u32 - 1
+        };
+        let mut group_of = Vec::with_capacity(len);
+        for id in 0..len {
+            let mut chars = pieces.get(id).chars();
+            let group = chars.next().and_then(|first| {
+                let entry = *firsts.entry(first).or_insert_with(|| {
+                    if counts[&first] > split_above {
+                        First::Split { single: None }
+                    } else {
+                        First::Group(new_group(&mut sizes))
+                    }
+                });
+                match (entry, chars.next()) {
+                    (First::Group(group), _) => Some(group),
+                    (First::Split { .. }, None) => {
+                        // Later ids win, as a hash map's insert-overwrite does in
+                        // `tokenizers`.
+                        firsts.insert(
+                            first,
+                            First::Split {
+                                single: Some(id as u32),
+                            },
+                        );
+                        None
+                    }
+                    (First::Split { .. }, Some(second)) => Some(
+                        *pairs
+                            .entry((first, second))
+                            .or_insert_with(|| new_group(&mut sizes)),
+                    ),
+                }
+            });
+            if let Some(group) = group {
+                sizes[group as usize] += 1;
+            }
             group_of.push(group);
         }
-        let mut starts = Vec::with_capacity(counts.len() + 1);
+        let mut starts = Vec::with_capacity(sizes.len() + 1);
         let mut total = 0;
         starts.push(0);
-        for count in &counts {
-            total += count;
+        for size in &sizes {
+            total += size;
             starts.push(total);
         }
         let mut next = starts.clone();
@@ -119,21 +201,43 @@ impl PrefixIndex {
                 *at += 1;
             }
         }
-        let tables = (0..counts.len()).map(|_| OnceLock::new()).collect();
+        let tables = (0..sizes.len()).map(|_| OnceLock::new()).collect();
         Self {
-            groups,
+            firsts,
+            pairs,
             ids,
             starts,
             tables,
         }
     }
 
-    /// The table of the pieces that start with `first`, built now if no call built it
-    /// before; `None` when no piece starts with `first`.
-    pub(crate) fn table(&self, first: char, pieces: Pieces<'_>) -> Option<&Table> {
-        let group = *self.groups.get(&first)? as usize;
+    /// The entries of the prefixes of `rest` (the text from one position on), building the
+    /// table they are in if no call built it before; `None` when no piece starts with
+    /// `rest`'s first character.
+    pub(crate) fn at<'a>(&'a self, rest: &str, pieces: Pieces<'a>) -> Option<At<'a>> {
+        let mut chars = rest.chars();
+        let first = chars.next()?;
+        let (single, group) = match *self.firsts.get(&first)? {
+            First::Group(group) => (None, Some(group)),
+            First::Split { single } => {
+                let group = chars
+                    .next()
+                    .and_then(|second| self.pairs.get(&(first, second)).copied());
+                (Some((first.len_utf8(), single)), group)
+            }
+        };
+        let table = group.map(|group| self.table(group as usize, pieces));
+        Some(At {
+            single,
+            table,
+            pieces,
+        })
+    }
+
+    /// Group `group`'s table, built now if no call built it before.
+    fn table(&self, group: usize, pieces: Pieces<'_>) -> &Table {
         let ids = &self.ids[self.starts[group] as usize..self.starts[group + 1] as usize];
-        Some(self.tables[group].get_or_init(|| Table::build(ids, pieces)))
+        self.tables[group].get_or_init(|| Table::build(ids, pieces))
     }
 }
 
@@ -184,9 +288,9 @@ impl Table {
         Table(table)
     }
 
-    /// The entry for `bytes` (which start with this table's character), if some piece
-    /// starts with them.
-    pub(crate) fn find(&self, bytes: &[u8], pieces: Pieces<'_>) -> Option<Prefix> {
+    /// The entry for `bytes` (which start as this table's pieces), if some piece starts
+    /// with them.
+    fn find(&self, bytes: &[u8], pieces: Pieces<'_>) -> Option<Prefix> {
         let text = pieces.text.as_bytes();
         self.0
             .find(hasher().hash_one(bytes), |p| {

@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 use tokenizers::models::unigram::UnigramTrainer;
 use tokenizers::{Model, Token};
 
-use crate::prefix_index::{Pieces, PrefixIndex, WHOLE};
+use crate::prefix_index::{Pieces, PrefixIndex, SPLIT_ABOVE, WHOLE};
 
 /// The score given to an unknown character: the lowest piece score minus this (as
 /// SentencePiece and `tokenizers` do).
@@ -108,6 +108,22 @@ impl CompactUnigram {
         builder.build(unk_id, byte_fallback)
     }
 
+    /// [`new`](Self::new) with the prefix index's groups split above `split_above` pieces
+    /// instead of [`SPLIT_ABOVE`], so that small test vocabularies take the split path.
+    #[cfg(test)]
+    fn with_split_above<'a>(
+        pieces: impl IntoIterator<Item = (&'a str, f64)>,
+        unk_id: Option<usize>,
+        byte_fallback: bool,
+        split_above: u32,
+    ) -> tokenizers::Result<Self> {
+        let mut builder = Builder::default();
+        for (piece, score) in pieces {
+            builder.push(piece, score);
+        }
+        builder.build_split(unk_id, byte_fallback, split_above)
+    }
+
     /// Number of pieces.
     pub fn len(&self) -> usize {
         self.scores.len()
@@ -136,9 +152,10 @@ impl CompactUnigram {
         if piece.is_empty() {
             return self.empty_id;
         }
-        let first = piece.chars().next()?;
-        let table = self.prefixes.table(first, self.pieces())?;
-        table.find(piece.as_bytes(), self.pieces())?.id()
+        self.prefixes
+            .at(piece, self.pieces())?
+            .find(piece.as_bytes())?
+            .id()
     }
 
     /// Whether byte fallback is on.
@@ -177,11 +194,12 @@ impl CompactUnigram {
                 .char_indices()
                 .map(|(i, c)| i + c.len_utf8())
                 .take_while(|&len| len <= self.max_piece_len);
-            // The pieces that start with this character; none: only `<unk>` below.
-            let table = self.prefixes.table(ch, self.pieces());
+            // The pieces that start here; none: only `<unk>` below.
+            let at = self.prefixes.at(rest, self.pieces());
             for len in ends {
-                let Some(prefix) =
-                    table.and_then(|t| t.find(&bytes[start..start + len], self.pieces()))
+                let Some(prefix) = at
+                    .as_ref()
+                    .and_then(|at| at.find(&bytes[start..start + len]))
                 else {
                     break;
                 };
@@ -328,6 +346,15 @@ impl Builder {
         unk_id: Option<usize>,
         byte_fallback: bool,
     ) -> tokenizers::Result<CompactUnigram> {
+        self.build_split(unk_id, byte_fallback, SPLIT_ABOVE)
+    }
+
+    fn build_split(
+        self,
+        unk_id: Option<usize>,
+        byte_fallback: bool,
+        split_above: u32,
+    ) -> tokenizers::Result<CompactUnigram> {
         let Builder {
             text,
             mut bounds,
@@ -352,7 +379,7 @@ impl Builder {
         };
         // The empty piece is not indexed, so it can never match (every match consumes a
         // character), as in `tokenizers`.
-        let prefixes = PrefixIndex::new(pieces);
+        let prefixes = PrefixIndex::new(pieces, split_above);
         let empty_id = (0..len).rev().find(|&id| pieces.get(id).is_empty());
         let max_piece_len = (0..len).map(|id| pieces.get(id).len()).max().unwrap_or(0);
         let min_score = scores.iter().copied().fold(f64::INFINITY, f64::min);
@@ -471,5 +498,82 @@ impl Serialize for CompactUnigram {
         model.serialize_field("vocab", &Vocab(self))?;
         model.serialize_field("byte_fallback", &self.byte_fallback)?;
         model.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use tokenizers::Model;
+    use tokenizers::models::unigram::Unigram;
+
+    use super::CompactUnigram;
+
+    /// Pieces over few characters, so that one first character starts many of them.
+    fn piece() -> impl Strategy<Value = String> {
+        proptest::collection::vec(
+            prop_oneof![Just('a'), Just('▁'), Just('あ'), Just('😀')],
+            0..4,
+        )
+        .prop_map(|chars| chars.into_iter().collect())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        /// Groups split by second character (here from 0 or 1 pieces up) index the same
+        /// prefixes as the crate's trie: the same tokens and ids.
+        #[test]
+        fn split_groups_get_the_same_tokens(
+            pieces in proptest::collection::vec(
+                (piece(), prop_oneof![Just(-1.0), Just(-2.0), -8.0f64..0.0]),
+                1..24,
+            ),
+            texts in proptest::collection::vec(
+                proptest::collection::vec(
+                    prop_oneof![Just('a'), Just('▁'), Just('あ'), Just('😀'), Just('x')],
+                    0..16,
+                ),
+                1..6,
+            ),
+            split_above in 0u32..3,
+        ) {
+            let mut pieces = pieces;
+            pieces.insert(0, ("<unk>".to_owned(), 0.0));
+            let stock = Unigram::from(pieces.clone(), Some(0), false).unwrap();
+            let compact = CompactUnigram::with_split_above(
+                pieces.iter().map(|(p, s)| (p.as_str(), *s)),
+                Some(0),
+                false,
+                split_above,
+            )
+            .unwrap();
+            for text in texts {
+                let text: String = text.into_iter().collect();
+                let tokens = |m: &dyn Fn(&str) -> tokenizers::Result<Vec<tokenizers::Token>>| {
+                    m(&text).map(|t| {
+                        t.into_iter()
+                            .map(|t| (t.id, t.value, t.offsets))
+                            .collect::<Vec<_>>()
+                    })
+                    .map_err(|_| ())
+                };
+                prop_assert_eq!(
+                    tokens(&|t| compact.tokenize(t)),
+                    tokens(&|t| stock.tokenize(t)),
+                    "text {:?}",
+                    text
+                );
+            }
+            for (piece, _) in &pieces {
+                prop_assert_eq!(compact.token_to_id(piece), stock.token_to_id(piece));
+                for (at, _) in piece.char_indices().skip(1) {
+                    prop_assert_eq!(
+                        compact.token_to_id(&piece[..at]),
+                        stock.token_to_id(&piece[..at])
+                    );
+                }
+            }
+        }
     }
 }
