@@ -247,8 +247,14 @@ impl Table {
         let bytes = pieces.text.as_bytes();
         let piece = |id: u32| pieces.get(id as usize).as_bytes();
         // Sized for three distinct prefixes a piece (a Ruri-like vocabulary has 2.7, where
-        // every prefix, 6.4 a piece, would double the table); it grows if need be.
-        let mut table = HashTable::with_capacity(ids.len().saturating_mul(3));
+        // every prefix, 6.4 a piece, would double the table), or for every prefix when that
+        // is fewer (small groups, whose growing would cost more than their build); it grows
+        // if need be.
+        let prefixes: usize = ids
+            .iter()
+            .map(|&id| pieces.get(id as usize).chars().count())
+            .sum();
+        let mut table = HashTable::with_capacity(prefixes.min(ids.len().saturating_mul(3)));
         let hasher = hasher();
         let rehash = |p: &Prefix| hasher.hash_one(&piece(p.piece)[..p.len()]);
         for &id in ids {
