@@ -404,7 +404,7 @@ impl NativeBackend {
         weights: PathBuf,
     ) -> Result<Self> {
         let (options, threads) = Self::options(builder)?;
-        let model = Model::load(config, safetensors, options)?;
+        let model = Model::load(config, safetensors, options, threads)?;
         Self::with_model(model, threads, weights, builder.precision)
     }
 

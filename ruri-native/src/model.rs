@@ -325,6 +325,30 @@ impl Assembler {
         }
     }
 
+    /// Takes the layer tensors `other` prepared (of other layers than this one's).
+    fn absorb(&mut self, other: Assembler) {
+        for (mine, theirs) in self.layers.iter_mut().zip(other.layers) {
+            let LayerParts {
+                attn_norm,
+                wqkv,
+                wo,
+                mlp_norm,
+                wi,
+                wi_raw,
+                units,
+                mlp_wo,
+            } = theirs;
+            mine.attn_norm = mine.attn_norm.take().or(attn_norm);
+            mine.wqkv = mine.wqkv.take().or(wqkv);
+            mine.wo = mine.wo.take().or(wo);
+            mine.mlp_norm = mine.mlp_norm.take().or(mlp_norm);
+            mine.wi = mine.wi.take().or(wi);
+            mine.wi_raw = mine.wi_raw.take().or(wi_raw);
+            mine.units = mine.units.take().or(units);
+            mine.mlp_wo = mine.mlp_wo.take().or(mlp_wo);
+        }
+    }
+
     /// The next whole rows of the token-embedding table, in order.
     pub(crate) fn embedding_rows(&mut self, rows: &[f32]) -> Result<()> {
         let (h, vocab) = (self.config.hidden_size, self.config.vocab_size);
@@ -466,13 +490,34 @@ impl Packed<'_> {
 impl Model {
     /// Reads and prepares every weight of `weights` (checked against `config`), in the
     /// order the [`Assembler`] prepares without holding a tensor back (each layer's `mlp.Wo`
-    /// before its `mlp.Wi`).
+    /// before its `mlp.Wi`). With `threads` > 1 the layers are split into that many runs
+    /// (at most one a layer), each read and prepared on a thread of its own: quantizing and
+    /// packing is most of a load, and the layers are independent.
     pub(crate) fn load(
         config: &ModelConfig,
         weights: Safetensors,
         options: LoadOptions,
+        threads: usize,
     ) -> Result<Self> {
-        let mut assembler = Assembler::new(config, options);
+        let layers = config.num_hidden_layers;
+        let runs = threads.clamp(1, layers.max(1));
+        let run = |r: usize| (r * layers / runs)..((r + 1) * layers / runs);
+        let mut assembler = std::thread::scope(|scope| -> Result<Assembler> {
+            let others: Vec<_> = (1..runs)
+                .map(|r| {
+                    let (weights, range) = (&weights, run(r));
+                    scope.spawn(move || Self::load_layers(config, weights, options, range))
+                })
+                .collect();
+            let mut assembler = Self::load_layers(config, &weights, options, run(0))?;
+            for other in others {
+                let other = other
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+                assembler.absorb(other);
+            }
+            Ok(assembler)
+        })?;
         // One fp32 buffer for every tensor while it is prepared: nothing but the prepared
         // weights is left behind (or fragments the heap).
         let mut w = Vec::new();
@@ -480,17 +525,6 @@ impl Model {
             weights.read_into(&name, &mut w)?;
             assembler.tensor(&name, &mut w)
         };
-        for n in 0..config.num_hidden_layers {
-            let p = |t: &str| format!("layers.{n}.{t}");
-            if n > 0 {
-                feed(p("attn_norm.weight"), &mut assembler)?;
-            }
-            feed(p("attn.Wqkv.weight"), &mut assembler)?;
-            feed(p("attn.Wo.weight"), &mut assembler)?;
-            feed(p("mlp_norm.weight"), &mut assembler)?;
-            feed(p("mlp.Wo.weight"), &mut assembler)?;
-            feed(p("mlp.Wi.weight"), &mut assembler)?;
-        }
         feed("embeddings.norm.weight".into(), &mut assembler)?;
         feed("final_norm.weight".into(), &mut assembler)?;
         match options.table {
@@ -507,6 +541,36 @@ impl Model {
                 assembler.finish(None)
             }
         }
+    }
+
+    /// The tensors of layers `range`, read and prepared in order into an [`Assembler`]
+    /// of their own.
+    fn load_layers(
+        config: &ModelConfig,
+        weights: &Safetensors,
+        options: LoadOptions,
+        range: Range<usize>,
+    ) -> Result<Assembler> {
+        let mut assembler = Assembler::new(config, options);
+        // One fp32 buffer for every tensor while it is prepared: nothing but the prepared
+        // weights is left behind (or fragments the heap).
+        let mut w = Vec::new();
+        let mut feed = |name: String| -> Result<()> {
+            weights.read_into(&name, &mut w)?;
+            assembler.tensor(&name, &mut w)
+        };
+        for n in range {
+            let p = |t: &str| format!("layers.{n}.{t}");
+            if n > 0 {
+                feed(p("attn_norm.weight"))?;
+            }
+            feed(p("attn.Wqkv.weight"))?;
+            feed(p("attn.Wo.weight"))?;
+            feed(p("mlp_norm.weight"))?;
+            feed(p("mlp.Wo.weight"))?;
+            feed(p("mlp.Wi.weight"))?;
+        }
+        Ok(assembler)
     }
 
     pub(crate) fn hidden(&self) -> usize {

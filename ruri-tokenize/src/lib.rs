@@ -42,6 +42,7 @@
 
 mod batch;
 mod error;
+mod prefix_index;
 mod unigram;
 mod whitespace;
 

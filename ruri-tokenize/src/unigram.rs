@@ -2,11 +2,12 @@
 //!
 //! `tokenizers::models::unigram::Unigram` keeps its pieces in a trie of hash maps, one map per
 //! node. For Ruri's 102,400-piece vocabulary that trie takes most of a Rust process's cold start
-//! and resident set to build (figures in the repository's BENCHMARKS.md). [`CompactUnigram`] keeps all pieces in one string and indexes every piece
-//! *prefix* (at character boundaries) in a single open-addressing hash table, which builds in
-//! milliseconds and takes a few MB; it implements [`tokenizers::Model`] with the same Viterbi
-//! search, so normalizer, pre-tokenizer, added tokens and post-processor stay those of the
-//! `tokenizers` crate.
+//! and resident set to build (figures in the repository's BENCHMARKS.md). [`CompactUnigram`]
+//! keeps all pieces in one string and indexes every piece *prefix* (at character boundaries)
+//! in open-addressing hash tables, one per first character, each built the first time a text
+//! needs it: a load only groups the pieces by first character (a few milliseconds, a few MB).
+//! It implements [`tokenizers::Model`] with the same Viterbi search, so normalizer,
+//! pre-tokenizer, added tokens and post-processor stay those of the `tokenizers` crate.
 //!
 //! The search decides exactly as the crate's Unigram (its `encode_optimized`) does, so the ids
 //! are identical (tested against it on every committed input and on random Unicode):
@@ -28,14 +29,13 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use std::hash::BuildHasher;
-
-use hashbrown::HashTable;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::ser::{SerializeSeq, SerializeStruct, Serializer};
 use serde::{Deserialize, Serialize};
 use tokenizers::models::unigram::UnigramTrainer;
 use tokenizers::{Model, Token};
+
+use crate::prefix_index::{Pieces, PrefixIndex, SPLIT_ABOVE, WHOLE};
 
 /// The score given to an unknown character: the lowest piece score minus this (as
 /// SentencePiece and `tokenizers` do).
@@ -54,29 +54,11 @@ enum UnigramError {
     MissingUnkId,
 }
 
-/// A piece prefix in the index: the first `len` bytes of piece `piece`.
-#[derive(Clone, Copy)]
-struct Prefix {
-    piece: u32,
-    len: u32,
-    /// The id of the piece spelled exactly so (the last such id), or [`NOT_A_PIECE`].
-    id: u32,
-}
-
-/// [`Prefix::id`] of a prefix that is not a piece itself.
-const NOT_A_PIECE: u32 = u32::MAX;
-
-/// The hash of a byte string in the prefix index (fixed seed: the index is rebuilt per process
-/// and its keys come from the model file, not from callers).
-fn hash_bytes(bytes: &[u8]) -> u64 {
-    foldhash::fast::FixedState::with_seed(0x5275_7269).hash_one(bytes)
-}
-
-/// A SentencePiece Unigram model whose pieces live in one string and a prefix hash table.
+/// A SentencePiece Unigram model whose pieces live in one string and prefix hash tables.
 #[derive(Clone)]
 pub struct CompactUnigram {
     /// Every piece prefix at a character boundary, with the piece it spells if any.
-    index: HashTable<Prefix>,
+    prefixes: PrefixIndex,
     /// Length in bytes of the longest piece.
     max_piece_len: usize,
     /// The (last) id of the empty piece, if the vocabulary spells one; it never matches text.
@@ -126,6 +108,22 @@ impl CompactUnigram {
         builder.build(unk_id, byte_fallback)
     }
 
+    /// [`new`](Self::new) with the prefix index's groups split above `split_above` pieces
+    /// instead of [`SPLIT_ABOVE`], so that small test vocabularies take the split path.
+    #[cfg(test)]
+    fn with_split_above<'a>(
+        pieces: impl IntoIterator<Item = (&'a str, f64)>,
+        unk_id: Option<usize>,
+        byte_fallback: bool,
+        split_above: u32,
+    ) -> tokenizers::Result<Self> {
+        let mut builder = Builder::default();
+        for (piece, score) in pieces {
+            builder.push(piece, score);
+        }
+        builder.build_split(unk_id, byte_fallback, split_above)
+    }
+
     /// Number of pieces.
     pub fn len(&self) -> usize {
         self.scores.len()
@@ -141,14 +139,12 @@ impl CompactUnigram {
         &self.text[self.bounds[id] as usize..self.bounds[id + 1] as usize]
     }
 
-    /// The index entry for `bytes`, if some piece starts with them.
-    fn lookup(&self, bytes: &[u8]) -> Option<&Prefix> {
-        let text = self.text.as_bytes();
-        let bounds = &self.bounds;
-        self.index.find(hash_bytes(bytes), |p| {
-            let start = bounds[p.piece as usize] as usize;
-            p.len as usize == bytes.len() && &text[start..start + bytes.len()] == bytes
-        })
+    /// The pieces as the prefix index reads them.
+    fn pieces(&self) -> Pieces<'_> {
+        Pieces {
+            text: &self.text,
+            bounds: &self.bounds,
+        }
     }
 
     /// The id of the piece spelled `piece`, if any.
@@ -156,9 +152,10 @@ impl CompactUnigram {
         if piece.is_empty() {
             return self.empty_id;
         }
-        self.lookup(piece.as_bytes())
-            .map(|p| p.id)
-            .filter(|&id| id != NOT_A_PIECE)
+        self.prefixes
+            .at(piece, self.pieces())?
+            .find(piece.as_bytes())?
+            .id()
     }
 
     /// Whether byte fallback is on.
@@ -197,13 +194,18 @@ impl CompactUnigram {
                 .char_indices()
                 .map(|(i, c)| i + c.len_utf8())
                 .take_while(|&len| len <= self.max_piece_len);
+            // The pieces that start here; none: only `<unk>` below.
+            let at = self.prefixes.at(rest, self.pieces());
             for len in ends {
-                let Some(prefix) = self.lookup(&bytes[start..start + len]) else {
+                let Some(prefix) = at
+                    .as_ref()
+                    .and_then(|at| at.find(&bytes[start..start + len]))
+                else {
                     break;
                 };
-                if prefix.id != NOT_A_PIECE {
-                    let score = base + self.scores[prefix.id as usize];
-                    relax(&mut best[start + len], score, start, prefix.id);
+                if let Some(id) = prefix.id() {
+                    let score = base + self.scores[id as usize];
+                    relax(&mut best[start + len], score, start, id);
                     covers_char |= len == char_len;
                 }
             }
@@ -344,6 +346,15 @@ impl Builder {
         unk_id: Option<usize>,
         byte_fallback: bool,
     ) -> tokenizers::Result<CompactUnigram> {
+        self.build_split(unk_id, byte_fallback, SPLIT_ABOVE)
+    }
+
+    fn build_split(
+        self,
+        unk_id: Option<usize>,
+        byte_fallback: bool,
+        split_above: u32,
+    ) -> tokenizers::Result<CompactUnigram> {
         let Builder {
             text,
             mut bounds,
@@ -355,60 +366,27 @@ impl Builder {
             // model could not encode anything, so it is refused here either way.
             return Err(Box::new(UnigramError::EmptyVocabulary));
         }
-        if u32::try_from(text.len()).is_err() || len >= NOT_A_PIECE as usize {
+        if text.len() >= WHOLE as usize || u32::try_from(len).is_err() {
             return Err(Box::new(UnigramError::TooManyPieces(len)));
         }
         if let Some(unk_id) = unk_id.filter(|&u| u >= len) {
             return Err(Box::new(UnigramError::UnkIdOutOfRange { unk_id, len }));
         }
         bounds.shrink_to_fit();
-        let bytes = text.as_bytes();
-        let piece = |id: usize| &bytes[bounds[id] as usize..bounds[id + 1] as usize];
-        let mut index: HashTable<Prefix> = HashTable::with_capacity(text.chars().count());
-        let mut max_piece_len = 0;
-        let mut empty_id = None;
-        for id in 0..len {
-            let spelled = &text[bounds[id] as usize..bounds[id + 1] as usize];
-            if spelled.is_empty() {
-                empty_id = Some(id as u32);
-            }
-            max_piece_len = max_piece_len.max(spelled.len());
-            // Every prefix at a character boundary; the empty piece is not indexed, so it can
-            // never match (every match consumes a character), as in `tokenizers`.
-            for (at, c) in spelled.char_indices() {
-                let prefix_len = at + c.len_utf8();
-                let key = &spelled.as_bytes()[..prefix_len];
-                let is_whole = prefix_len == spelled.len();
-                let entry = index.entry(
-                    hash_bytes(key),
-                    |p| {
-                        p.len as usize == prefix_len
-                            && &piece(p.piece as usize)[..prefix_len] == key
-                    },
-                    |p| hash_bytes(&piece(p.piece as usize)[..p.len as usize]),
-                );
-                match entry {
-                    hashbrown::hash_table::Entry::Occupied(mut slot) => {
-                        // Later ids win, as a hash map's insert-overwrite does in `tokenizers`.
-                        if is_whole {
-                            slot.get_mut().id = id as u32;
-                        }
-                    }
-                    hashbrown::hash_table::Entry::Vacant(slot) => {
-                        slot.insert(Prefix {
-                            piece: id as u32,
-                            len: prefix_len as u32,
-                            id: if is_whole { id as u32 } else { NOT_A_PIECE },
-                        });
-                    }
-                }
-            }
-        }
+        let pieces = Pieces {
+            text: &text,
+            bounds: &bounds,
+        };
+        // The empty piece is not indexed, so it can never match (every match consumes a
+        // character), as in `tokenizers`.
+        let prefixes = PrefixIndex::new(pieces, split_above);
+        let empty_id = (0..len).rev().find(|&id| pieces.get(id).is_empty());
+        let max_piece_len = (0..len).map(|id| pieces.get(id).len()).max().unwrap_or(0);
         let min_score = scores.iter().copied().fold(f64::INFINITY, f64::min);
         Ok(CompactUnigram {
-            index,
+            prefixes,
             max_piece_len,
-            empty_id,
+            empty_id: empty_id.map(|id| id as u32),
             text,
             bounds,
             scores,
@@ -520,5 +498,82 @@ impl Serialize for CompactUnigram {
         model.serialize_field("vocab", &Vocab(self))?;
         model.serialize_field("byte_fallback", &self.byte_fallback)?;
         model.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use tokenizers::Model;
+    use tokenizers::models::unigram::Unigram;
+
+    use super::CompactUnigram;
+
+    /// Pieces over few characters, so that one first character starts many of them.
+    fn piece() -> impl Strategy<Value = String> {
+        proptest::collection::vec(
+            prop_oneof![Just('a'), Just('▁'), Just('あ'), Just('😀')],
+            0..4,
+        )
+        .prop_map(|chars| chars.into_iter().collect())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        /// Groups split by second character (here from 0 or 1 pieces up) index the same
+        /// prefixes as the crate's trie: the same tokens and ids.
+        #[test]
+        fn split_groups_get_the_same_tokens(
+            pieces in proptest::collection::vec(
+                (piece(), prop_oneof![Just(-1.0), Just(-2.0), -8.0f64..0.0]),
+                1..24,
+            ),
+            texts in proptest::collection::vec(
+                proptest::collection::vec(
+                    prop_oneof![Just('a'), Just('▁'), Just('あ'), Just('😀'), Just('x')],
+                    0..16,
+                ),
+                1..6,
+            ),
+            split_above in 0u32..3,
+        ) {
+            let mut pieces = pieces;
+            pieces.insert(0, ("<unk>".to_owned(), 0.0));
+            let stock = Unigram::from(pieces.clone(), Some(0), false).unwrap();
+            let compact = CompactUnigram::with_split_above(
+                pieces.iter().map(|(p, s)| (p.as_str(), *s)),
+                Some(0),
+                false,
+                split_above,
+            )
+            .unwrap();
+            for text in texts {
+                let text: String = text.into_iter().collect();
+                let tokens = |m: &dyn Fn(&str) -> tokenizers::Result<Vec<tokenizers::Token>>| {
+                    m(&text).map(|t| {
+                        t.into_iter()
+                            .map(|t| (t.id, t.value, t.offsets))
+                            .collect::<Vec<_>>()
+                    })
+                    .map_err(|_| ())
+                };
+                prop_assert_eq!(
+                    tokens(&|t| compact.tokenize(t)),
+                    tokens(&|t| stock.tokenize(t)),
+                    "text {:?}",
+                    text
+                );
+            }
+            for (piece, _) in &pieces {
+                prop_assert_eq!(compact.token_to_id(piece), stock.token_to_id(piece));
+                for (at, _) in piece.char_indices().skip(1) {
+                    prop_assert_eq!(
+                        compact.token_to_id(&piece[..at]),
+                        stock.token_to_id(&piece[..at])
+                    );
+                }
+            }
+        }
     }
 }

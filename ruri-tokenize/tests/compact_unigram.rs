@@ -106,6 +106,54 @@ proptest! {
     }
 }
 
+/// Stems of 7 to 9 bytes put in front of pieces, so that many pieces share their first 8
+/// bytes (the index visits pieces in the order of those bytes and skips what each shares
+/// with the one before): ties, pieces that are prefixes of the next, equal spellings, and
+/// shared bytes that stop inside a character ('あ' and 'ん' share their first byte).
+const STEMS: [&str; 5] = ["", "ああa", "aaaaaaaa", "😀😀b", "ん"];
+
+fn stemmed_piece() -> impl Strategy<Value = String> {
+    (0usize..STEMS.len(), piece()).prop_map(|(stem, piece)| format!("{}{piece}", STEMS[stem]))
+}
+
+fn stemmed_text() -> impl Strategy<Value = String> {
+    proptest::collection::vec(
+        prop_oneof![
+            (0usize..STEMS.len()).prop_map(|i| STEMS[i].to_owned()),
+            (0usize..ALPHABET.len()).prop_map(|i| ALPHABET[i].to_string()),
+        ],
+        0..16,
+    )
+    .prop_map(|parts| parts.concat())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1024))]
+
+    #[test]
+    fn long_shared_prefixes_get_the_same_tokens(
+        pieces in proptest::collection::vec((stemmed_piece(), score()), 1..32),
+        texts in proptest::collection::vec(stemmed_text(), 1..8),
+    ) {
+        let mut pieces = pieces;
+        pieces.insert(0, ("<unk>".to_owned(), 0.0));
+        let stock = Unigram::from(pieces.clone(), Some(0), false).unwrap();
+        let compact =
+            CompactUnigram::new(pieces.iter().map(|(p, s)| (p.as_str(), *s)), Some(0), false)
+                .unwrap();
+        for text in &texts {
+            prop_assert_eq!(run(&compact, text), run(&stock, text), "text {:?}", text);
+        }
+        for (piece, _) in &pieces {
+            prop_assert_eq!(compact.token_to_id(piece), stock.token_to_id(piece));
+            // Every prefix, pieces or not, as the stock model sees it.
+            for (at, _) in piece.char_indices().skip(1) {
+                prop_assert_eq!(compact.token_to_id(&piece[..at]), stock.token_to_id(&piece[..at]));
+            }
+        }
+    }
+}
+
 #[test]
 fn refuses_what_cannot_work() {
     let err = CompactUnigram::new([], None, false).unwrap_err();
