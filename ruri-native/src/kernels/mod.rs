@@ -219,11 +219,15 @@ impl PackedWeights {
         let (n_padded, data) = match kernel {
             Kernel::Scalar => {
                 let mut data = vec![0u8; n * k_padded];
-                for (dst, src) in data.chunks_exact_mut(k_padded).zip(q.chunks_exact(k)) {
-                    for (d, &s) in dst.iter_mut().zip(src) {
-                        *d = s as u8;
-                    }
-                }
+                scatter(
+                    q,
+                    n,
+                    k,
+                    &mut data,
+                    k_padded,
+                    &|col, _| col * k_padded,
+                    &|v| v as u8,
+                );
                 (n, data)
             }
             Kernel::Avx2 => {
@@ -231,23 +235,11 @@ impl PackedWeights {
                 let n_padded = round_up(n, 16);
                 let pairs = k_padded / 2;
                 let mut data = vec![0u8; n_padded * k_padded];
-                for block in 0..n_padded / 16 {
-                    for p in 0..pairs {
-                        let base = (block * pairs + p) * 32;
-                        for c in 0..16 {
-                            let col = block * 16 + c;
-                            for j in 0..2 {
-                                let kk = 2 * p + j;
-                                let v = if col < n && kk < k {
-                                    q[col * k + kk]
-                                } else {
-                                    0
-                                };
-                                data[base + (c / 8) * 16 + (c % 8) * 2 + j] = v as u8;
-                            }
-                        }
-                    }
-                }
+                let at = |col: usize, p: usize| {
+                    let (block, c) = (col / 16, col % 16);
+                    (block * pairs + p) * 32 + (c / 8) * 16 + (c % 8) * 2
+                };
+                scatter(q, n, k, &mut data, 2, &at, &|v| v as u8);
                 (n_padded, data)
             }
             Kernel::Avx512Vnni => {
@@ -257,23 +249,8 @@ impl PackedWeights {
                 let n_padded = round_up(n, 64);
                 let quads = k_padded / 4;
                 let mut data = vec![128u8; n_padded * k_padded];
-                for block in 0..n_padded / 64 {
-                    for p in 0..quads {
-                        let base = (block * quads + p) * 256;
-                        for c in 0..64 {
-                            let col = block * 64 + c;
-                            for j in 0..4 {
-                                let kk = 4 * p + j;
-                                let v = if col < n && kk < k {
-                                    q[col * k + kk]
-                                } else {
-                                    0
-                                };
-                                data[base + c * 4 + j] = (v as i16 + 128) as u8;
-                            }
-                        }
-                    }
-                }
+                let at = |col: usize, p: usize| ((col / 64) * quads + p) * 256 + (col % 64) * 4;
+                scatter(q, n, k, &mut data, 4, &at, &|v| (i16::from(v) + 128) as u8);
                 (n_padded, data)
             }
             Kernel::Simd128 => {
@@ -282,20 +259,8 @@ impl PackedWeights {
                 let n_padded = round_up(n, 8);
                 let pairs = k_padded / 2;
                 let mut data = vec![0u8; n_padded * k_padded];
-                for block in 0..n_padded / 8 {
-                    for p in 0..pairs {
-                        let base = (block * pairs + p) * 16;
-                        for c in 0..8 {
-                            let col = block * 8 + c;
-                            for j in 0..2 {
-                                let kk = 2 * p + j;
-                                if col < n && kk < k {
-                                    data[base + c * 2 + j] = q[col * k + kk] as u8;
-                                }
-                            }
-                        }
-                    }
-                }
+                let at = |col: usize, p: usize| ((col / 8) * pairs + p) * 16 + (col % 8) * 2;
+                scatter(q, n, k, &mut data, 2, &at, &|v| v as u8);
                 (n_padded, data)
             }
         };
@@ -354,6 +319,29 @@ impl PackedWeights {
             #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
             Kernel::Simd128 => {
                 unreachable!("the simd128 kernel is refused on other targets at build time")
+            }
+        }
+    }
+}
+
+/// Stores, for each column `col` of `q` (`n × k`, row-major) and its `p`-th group of `g`
+/// consecutive k (a pair or a quad), those g bytes, mapped, together at `at(col, p)` in
+/// `data`; the rest (padded columns, padded k) keeps its fill value. Rows are read front to
+/// back.
+fn scatter<A: Fn(usize, usize) -> usize, M: Fn(i8) -> u8>(
+    q: &[i8],
+    n: usize,
+    k: usize,
+    data: &mut [u8],
+    g: usize,
+    at: &A,
+    map: &M,
+) {
+    for (col, row) in q.chunks_exact(k.max(1)).take(n).enumerate() {
+        for (p, group) in row.chunks(g).enumerate() {
+            let at = at(col, p);
+            for (d, &v) in data[at..at + group.len()].iter_mut().zip(group) {
+                *d = map(v);
             }
         }
     }
