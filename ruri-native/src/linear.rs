@@ -1,5 +1,12 @@
-//! The linear layers (no bias in ModernBERT): fp32 through the `gemm` crate, or int8 through
-//! this crate's exact kernels with the quantization and dequantization around them.
+//! The linear layers (no bias in ModernBERT): fp32 through this crate's packed FMA GEMM
+//! (`simd_f32::fp32_gemm`), or int8 through its exact kernels with the quantization and
+//! dequantization around them.
+//!
+//! A call runs in three steps so that the steps around a layer fuse with it: each input row
+//! is *staged* as the step before writes it ([`Linear::stage_row`]: a LayerNorm or the GeGLU
+//! fills a row buffer that is quantized at once), the products of all staged rows are
+//! computed ([`Linear::run`]), and each output row is dequantized into its destination
+//! ([`Linear::row_out`]), or handed on while it is in cache ([`geglu_mlp`]).
 //!
 //! int8, step by step (`tools/testdata/int8_reference.py` implements the same in NumPy):
 //! * weights: per output channel, symmetric, 8-bit: `s_w = max|w| / 127`,
