@@ -287,11 +287,10 @@ impl Linear {
         side.iter().for_each(|&c| is_side[c] = true);
         let main: Vec<usize> = (0..k).filter(|&c| !is_side[c]).collect();
         let part = |columns: Vec<usize>, q: &mut Vec<i8>| {
-            let mut sub: Vec<f32> = w
-                .chunks_exact(k)
-                .take(n)
-                .flat_map(|row| columns.iter().map(move |&c| row[c]))
-                .collect();
+            let mut sub = Vec::with_capacity(n * columns.len());
+            for row in w.chunks_exact(k).take(n) {
+                sub.extend(columns.iter().map(|&c| row[c]));
+            }
             let mut part = Int8::new(kernel, &mut sub, n, columns.len(), Vec::new(), q);
             part.columns = Columns::from_sorted(columns);
             part.k_in = k;

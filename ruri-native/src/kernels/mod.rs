@@ -219,15 +219,12 @@ impl PackedWeights {
         let (n_padded, data) = match kernel {
             Kernel::Scalar => {
                 let mut data = vec![0u8; n * k_padded];
-                scatter(
-                    q,
-                    n,
-                    k,
-                    &mut data,
-                    k_padded,
-                    &|col, _| col * k_padded,
-                    &|v| v as u8,
-                );
+                for (d, row) in data
+                    .chunks_exact_mut(k_padded)
+                    .zip(q.chunks_exact(k.max(1)))
+                {
+                    d.iter_mut().zip(row).for_each(|(d, &v)| *d = v as u8);
+                }
                 (n, data)
             }
             Kernel::Avx2 => {
@@ -235,11 +232,9 @@ impl PackedWeights {
                 let n_padded = round_up(n, 16);
                 let pairs = k_padded / 2;
                 let mut data = vec![0u8; n_padded * k_padded];
-                let at = |col: usize, p: usize| {
-                    let (block, c) = (col / 16, col % 16);
-                    (block * pairs + p) * 32 + (c / 8) * 16 + (c % 8) * 2
-                };
-                scatter(q, n, k, &mut data, 2, &at, &|v| v as u8);
+                let base =
+                    |col: usize| (col / 16) * pairs * 32 + (col % 16 / 8) * 16 + (col % 8) * 2;
+                scatter::<2>(q, (n, k), &mut data, base, 32, |v| v as u8);
                 (n_padded, data)
             }
             Kernel::Avx512Vnni => {
@@ -249,8 +244,10 @@ impl PackedWeights {
                 let n_padded = round_up(n, 64);
                 let quads = k_padded / 4;
                 let mut data = vec![128u8; n_padded * k_padded];
-                let at = |col: usize, p: usize| ((col / 64) * quads + p) * 256 + (col % 64) * 4;
-                scatter(q, n, k, &mut data, 4, &at, &|v| (i16::from(v) + 128) as u8);
+                let base = |col: usize| (col / 64) * quads * 256 + (col % 64) * 4;
+                scatter::<4>(q, (n, k), &mut data, base, 256, |v| {
+                    (i16::from(v) + 128) as u8
+                });
                 (n_padded, data)
             }
             Kernel::Simd128 => {
@@ -259,8 +256,8 @@ impl PackedWeights {
                 let n_padded = round_up(n, 8);
                 let pairs = k_padded / 2;
                 let mut data = vec![0u8; n_padded * k_padded];
-                let at = |col: usize, p: usize| ((col / 8) * pairs + p) * 16 + (col % 8) * 2;
-                scatter(q, n, k, &mut data, 2, &at, &|v| v as u8);
+                let base = |col: usize| (col / 8) * pairs * 16 + (col % 8) * 2;
+                scatter::<2>(q, (n, k), &mut data, base, 16, |v| v as u8);
                 (n_padded, data)
             }
         };
@@ -324,23 +321,31 @@ impl PackedWeights {
     }
 }
 
-/// Stores, for each column `col` of `q` (`n × k`, row-major) and its `p`-th group of `g`
-/// consecutive k (a pair or a quad), those g bytes, mapped, together at `at(col, p)` in
-/// `data`; the rest (padded columns, padded k) keeps its fill value. Rows are read front to
-/// back.
-fn scatter<A: Fn(usize, usize) -> usize, M: Fn(i8) -> u8>(
+/// Stores, for each column `col` of `q` (`n × k`, row-major) and its `p`-th group of `G`
+/// consecutive k (a pair or a quad), those G bytes, mapped, together at
+/// `base(col) + p · stride` in `data`; the rest (padded columns, padded k) keeps its fill
+/// value. Rows are read front to back.
+fn scatter<const G: usize>(
     q: &[i8],
-    n: usize,
-    k: usize,
+    (n, k): (usize, usize),
     data: &mut [u8],
-    g: usize,
-    at: &A,
-    map: &M,
+    base: impl Fn(usize) -> usize,
+    stride: usize,
+    map: impl Fn(i8) -> u8,
 ) {
     for (col, row) in q.chunks_exact(k.max(1)).take(n).enumerate() {
-        for (p, group) in row.chunks(g).enumerate() {
-            let at = at(col, p);
-            for (d, &v) in data[at..at + group.len()].iter_mut().zip(group) {
+        let mut at = base(col);
+        let groups = row.chunks_exact(G);
+        let tail = groups.remainder();
+        for group in groups {
+            let dst: &mut [u8; G] = (&mut data[at..at + G]).try_into().expect("G bytes");
+            for (d, &v) in dst.iter_mut().zip(group) {
+                *d = map(v);
+            }
+            at += stride;
+        }
+        if !tail.is_empty() {
+            for (d, &v) in data[at..at + tail.len()].iter_mut().zip(tail) {
                 *d = map(v);
             }
         }
