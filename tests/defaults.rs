@@ -5,12 +5,13 @@
 //! These tests fail if the default moves off the native engine: the loaded backend is checked
 //! by its concrete type, not by the name the configuration reports.
 
-use std::path::Path;
-
-use ruri::hub::{Hub, HubRepo};
+use ruri::hub::HubRepo;
 use ruri::{BackendKind, EmbedderConfig, Error, Precision, TextEmbedder};
 use ruri_testkit::hub_mock::{self, MockHub, TINY_MIRROR_REPO};
 use ruri_testkit::{TempDir, repo_root, tiny_model_copy, tiny_model_dir};
+
+mod support;
+use support::hub;
 
 const TEXTS: &[&str] = &["瑠璃色はどんな色？", "瑠璃は青い宝石です。"];
 
@@ -153,16 +154,6 @@ fn a_folder_with_no_weights_at_all_keeps_the_backends_missing_file() {
         }
         other => panic!("expected MissingFile, got {:?}", other.err()),
     }
-}
-
-fn hub(mock: &MockHub, cache: &Path) -> Hub {
-    Hub::from_env()
-        .endpoint(mock.endpoint())
-        .cache_dir(cache)
-        .no_token()
-        .offline(false)
-        .progress(false)
-        .retries(2)
 }
 
 #[test]

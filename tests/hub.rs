@@ -20,22 +20,14 @@ use ruri_testkit::hub_mock::{
 };
 use ruri_testkit::{TempDir, repo_root, tiny_model_dir};
 
+mod support;
+use support::hub;
+
 const TEXTS: &[&str] = &[
     "瑠璃色はどんな色？",
     "瑠璃は青い宝石です。",
     "今日は晴れです。今日は晴れです。今日は晴れです。今日は晴れです。今日は晴れです。",
 ];
-
-/// A Hub on `mock` with the cache `cache`, whatever the environment says.
-fn hub(mock: &MockHub, cache: &Path) -> Hub {
-    Hub::from_env()
-        .endpoint(mock.endpoint())
-        .cache_dir(cache)
-        .no_token()
-        .offline(false)
-        .progress(false)
-        .retries(2)
-}
 
 fn start() -> (MockHub, TempDir) {
     (
