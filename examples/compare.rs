@@ -7,7 +7,7 @@
 //! `tools/bench/python_peers.py`, so `tools/bench/table.py` can put all in one table.
 //!
 //! ```sh
-//! cargo run --release --example compare -- --systems ort_int8,ort_fp32
+//! cargo run --release --example compare -- --systems native_int8,fused_int8,ort_int8
 //! ```
 
 use std::path::PathBuf;
@@ -40,7 +40,7 @@ struct Args {
     /// worker per core), native_int8_t1, native_fp32_t1 (one thread), native_int8_plain
     /// (no outlier channels in f32), native_int8_table8, native_fp32_table8 (the token
     /// embeddings held in int8, per row), candle_f32, candle_bf16.
-    #[arg(long, default_value = "ort_int8,ort_fp32")]
+    #[arg(long, default_value = "native_int8,native_fp32")]
     systems: String,
     /// Timed passes over the documents (the median is reported).
     #[arg(long, default_value_t = 5)]
