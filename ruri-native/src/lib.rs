@@ -79,7 +79,8 @@ mod weights;
 pub use kernels::Kernel;
 pub use stream::Loader;
 
-/// The int8 GEMM alone, for the kernel benchmarks (`benches/kernels.rs`); not a stable API.
+/// The int8 GEMM alone (and the fp32 GEMM, the GeGLU), for the kernel benchmarks
+/// (`benches/kernels.rs`); not a stable API.
 #[doc(hidden)]
 pub mod bench {
     use crate::kernels::{Kernel, PackedWeights, QuantRows};
@@ -154,6 +155,12 @@ pub mod bench {
             );
             self.out.iter().step_by(61).sum()
         }
+    }
+
+    /// The MLP's GeGLU, `out[j] = gelu(input[j]) · gate[j]` (the widest version this CPU
+    /// runs), for the benchmark of its erf.
+    pub fn geglu(input: &[f32], gate: &[f32], out: &mut [f32]) {
+        crate::kernels::simd_f32::geglu(input, gate, out);
     }
 
     /// `C = A · Wᵀ` (`a`: `m × k`, `w`: `n × k`, row-major; C `m × n`) on `kernel`, for tests
