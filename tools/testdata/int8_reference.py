@@ -303,7 +303,7 @@ def main() -> None:
                               mean=[float(v) for v in mean], normalized=[float(v) for v in norm]))
         print(f"  {item['id']}: {len(item['token_ids'])} tokens", file=sys.stderr)
     generator = dict(command="tools/testdata/int8_reference.py " + " ".join(sys.argv[1:]),
-                     erf="math.erf" if EXACT_ERF else "Abramowitz-Stegun 7.1.26, float32",
+                     erf="math.erf" if EXACT_ERF else "x P(x^2) / Q(x^2), degree 5/5, float32 (ruri-native math.rs)",
                      versions=dict(numpy=version("numpy"), python=sys.version.split()[0]))
     outliers = {f"layers.{i}.{k}": L[k].outliers for i, L in enumerate(layers) for k in ("wqkv", "wi")}
     writers = {f"layers.{i}.{k}": L[k].writers for i, L in enumerate(layers) for k in ("wo", "mlp_wo")}
