@@ -237,17 +237,19 @@ unsafe fn avx2_tile<const R: usize>(
 /// `vpdpbusd ymm` is one instruction with two encodings (Intel SDM vol. 2, "VPDPBUSD —
 /// Multiply and Add Unsigned and Signed Bytes", <https://www.felixcloutier.com/x86/vpdpbusd>):
 /// VEX.256 under AVX-VNNI (`_mm256_dpbusd_avx_epi32`) and EVEX.256 under AVX512-VNNI +
-/// AVX512-VL (`_mm256_dpbusd_epi32`), with one Operation section for both; the two
-/// intrinsics' documentation (core::arch, Intel's intrinsics guide) reads word for word the
-/// same. So the EVEX instantiation, which runs on AVX-512 CPUs, tests the source of the VEX
-/// one.
+/// AVX512-VL (`_mm256_dpbusd_epi32`), under one description (unsigned bytes × signed bytes,
+/// 16-bit products summed into i32 without saturation); EVEX adds only write masks and
+/// embedded broadcast, which compute the same here. core::arch documents both intrinsics
+/// word for word alike (stable since Rust 1.89). So the EVEX instantiation, which runs on
+/// AVX-512 CPUs, tests the source of the VEX one.
 ///
 /// Tile: 6 rows × 16 columns. 12 ymm accumulators + W's 2 ymm + A's broadcast = 15 of the
 /// 16 ymm registers VEX code has (the EVEX twin could use 32, but it must stay the same
 /// code). Wider (4 × 32: 16 accumulators + 4 loads) spills; 4 × 24 also fits but pads
 /// N = 256 or 1,024 to a multiple of 24, while 16 divides every width of the model and
 /// keeps the writer-column products (a few columns) small. Per k quad it issues 12
-/// `vpdpbusd` (≥ 2 × 5 cycles of latency in flight at two per cycle) against 8 loads.
+/// independent `vpdpbusd` (enough to keep two per cycle busy at a latency of up to 6
+/// cycles) against 8 loads (2 of W, 6 broadcasts of A).
 macro_rules! vnni256_kernel {
     ($module:ident, $kernel:expr, $features:tt, $dpbusd:ident) => {
         pub(super) mod $module {
