@@ -1,8 +1,10 @@
 #![allow(missing_docs)] // criterion_group! generates an undocumented function
 //! The int8 GEMM kernels (and the fp32 GEMM) on the linears of the 30m shape (M = 900 token rows, about one
 //! 32-document batch of the workload) and on a square shape, in multiply-adds per second
-//! (`Throughput::Elements` counts MACs); and the MLP's GeGLU on one 64-row chunk of the 30m
-//! shape's 1,024 intermediate channels, in values per second.
+//! (`Throughput::Elements` counts MACs), on every kernel this CPU runs (on AVX-512 CPUs that
+//! includes `avx512vnni256`, the AVX-VNNI kernel's source in its EVEX encoding); and the
+//! MLP's GeGLU on one 64-row chunk of the 30m shape's 1,024 intermediate channels, in values
+//! per second.
 //! `cargo bench -p ruri-native --bench kernels`.
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
