@@ -43,9 +43,10 @@
 //! rotary tables, pooling) is plain IEEE arithmetic in a fixed order with this crate's own
 //! `exp` and `erf` and libm's pure-Rust `sin`/`cos`, so a text's int8 vector has the same
 //! bits alone or in any batch, on every kernel, on every CPU. Force a kernel with
-//! [`NativeBuilder::kernel`] or `RURI_KERNEL=scalar|avx2|avx512vnni|simd128` (an unknown
-//! name, or one this CPU or build target cannot run, is [`ruri_core::Error::InvalidOption`];
-//! `simd128` runs in `wasm32` builds with the `simd128` target feature). fp32 vectors depend on the
+//! [`NativeBuilder::kernel`] or `RURI_KERNEL=scalar|avx2|avx512vnni|simd128|dotprod|i8mm` (an
+//! unknown name, or one this CPU or build target cannot run, is
+//! [`ruri_core::Error::InvalidOption`]; `simd128` runs in `wasm32` builds with the `simd128`
+//! target feature, `dotprod` and `i8mm` on aarch64 CPUs with FEAT_DotProd and FEAT_I8MM). fp32 vectors depend on the
 //! CPU's instructions (FMA or not), within 1e-5 of sentence-transformers.
 //!
 //! # Threads
