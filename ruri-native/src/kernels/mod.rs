@@ -16,11 +16,18 @@
 //! * [`Kernel::Simd128`]: WebAssembly simd128, W and A sign-extended to 16 bits,
 //!   `i32x4.dot_i16x8_s` (i16 × i16 pairs → i32, exact); only in builds for `wasm32` with
 //!   the `simd128` target feature.
+//! * [`Kernel::Dotprod`]: aarch64 FEAT_DotProd, `sdot` (s8 × s8 quads → i32, exact) by
+//!   element: W's bytes as they are, four columns per vector, against one k quad of A.
+//! * [`Kernel::I8mm`]: aarch64 FEAT_I8MM, `smmla` (a 2 × 8 by 8 × 2 s8 product → 2 × 2 i32,
+//!   exact): two rows of A against two columns of W per instruction, twice `sdot`'s
+//!   multiply-adds.
 //! * [`Kernel::Scalar`]: plain Rust, the reference the others are tested against.
 //!
 //! Weights are packed once per kernel at load ([`PackedWeights`]); activations are rows of
 //! [`QuantRows`], K padded with zeros to a multiple of 4.
 
+#[cfg(target_arch = "aarch64")]
+mod aarch64;
 pub(crate) mod simd_f32;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod wasm;
@@ -57,17 +64,23 @@ pub enum Kernel {
     /// WebAssembly simd128: 16-bit dot products of sign-extended bytes (`wasm32` builds
     /// with `-C target-feature=+simd128`; WebAssembly has no run-time detection).
     Simd128,
+    /// aarch64 FEAT_DotProd: `sdot`, four s8 products per 32-bit lane.
+    Dotprod,
+    /// aarch64 FEAT_I8MM: `smmla`, 2 × 8 by 8 × 2 s8 matrix products.
+    I8mm,
 }
 
 impl Kernel {
     /// Every kernel this build knows, whether or not this CPU runs it.
-    pub const ALL: [Kernel; 6] = [
+    pub const ALL: [Kernel; 8] = [
         Kernel::Scalar,
         Kernel::Avx2,
         Kernel::AvxVnni,
         Kernel::Avx512Vnni256,
         Kernel::Avx512Vnni,
         Kernel::Simd128,
+        Kernel::Dotprod,
+        Kernel::I8mm,
     ];
 
     /// The name `RURI_KERNEL` and [`FromStr`] take.
@@ -79,6 +92,8 @@ impl Kernel {
             Kernel::Avx512Vnni256 => "avx512vnni256",
             Kernel::Avx512Vnni => "avx512vnni",
             Kernel::Simd128 => "simd128",
+            Kernel::Dotprod => "dotprod",
+            Kernel::I8mm => "i8mm",
         }
     }
 
@@ -110,6 +125,12 @@ impl Kernel {
             #[cfg(not(target_arch = "x86_64"))]
             Kernel::AvxVnni | Kernel::Avx512Vnni256 => false,
             Kernel::Simd128 => cfg!(all(target_arch = "wasm32", target_feature = "simd128")),
+            #[cfg(target_arch = "aarch64")]
+            Kernel::Dotprod => std::arch::is_aarch64_feature_detected!("dotprod"),
+            #[cfg(target_arch = "aarch64")]
+            Kernel::I8mm => std::arch::is_aarch64_feature_detected!("i8mm"),
+            #[cfg(not(target_arch = "aarch64"))]
+            Kernel::Dotprod | Kernel::I8mm => false,
         }
     }
 
@@ -142,7 +163,7 @@ impl Kernel {
             .ok_or_else(|| Error::InvalidOption {
                 name: option,
                 value: name.to_owned(),
-                reason: "unknown int8 kernel (known: scalar, avx2, avxvnni, avx512vnni256, avx512vnni, simd128)",
+                reason: "unknown int8 kernel (known: scalar, avx2, avxvnni, avx512vnni256, avx512vnni, simd128, dotprod, i8mm)",
             })?;
         kernel.ensure_available(option)?;
         Ok(kernel)
@@ -172,7 +193,7 @@ impl FromStr for Kernel {
     type Err = Error;
 
     /// A kernel by name (`scalar`, `avx2`, `avxvnni`, `avx512vnni256`, `avx512vnni`,
-    /// `simd128`); unavailable ones are an error too.
+    /// `simd128`, `dotprod`, `i8mm`); unavailable ones are an error too.
     fn from_str(name: &str) -> Result<Self> {
         Self::checked(name, "kernel")
     }
@@ -301,6 +322,27 @@ impl PackedWeights {
                 scatter::<2>(q, (n, k), &mut data, base, 16, |v| v as u8);
                 (n_padded, data)
             }
+            Kernel::Dotprod => {
+                // [column block of 8][k quad][column][4 bytes], K rounded up to 16 (the
+                // kernel reads A 16 bytes at a time): two vectors per block and quad. Padding
+                // is w = 0, so padded k and columns contribute nothing.
+                let n_padded = round_up(n, 8);
+                let quads = round_up(k_padded, 16) / 4;
+                let mut data = vec![0u8; n_padded * quads * 4];
+                let base = |col: usize| (col / 8) * quads * 32 + (col % 8) * 4;
+                scatter::<4>(q, (n, k), &mut data, base, 32, |v| v as u8);
+                (n_padded, data)
+            }
+            Kernel::I8mm => {
+                // [column block of 8][k octet][column][8 bytes], K rounded up to 16: each 16
+                // bytes are the 2 × 8 operand of a column pair. Padding is w = 0.
+                let n_padded = round_up(n, 8);
+                let octets = round_up(k_padded, 16) / 8;
+                let mut data = vec![0u8; n_padded * octets * 8];
+                let base = |col: usize| (col / 8) * octets * 64 + (col % 8) * 8;
+                scatter::<8>(q, (n, k), &mut data, base, 64, |v| v as u8);
+                (n_padded, data)
+            }
         };
         Self {
             kernel,
@@ -381,6 +423,18 @@ impl PackedWeights {
             #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
             Kernel::Simd128 => {
                 unreachable!("the simd128 kernel is refused on other targets at build time")
+            }
+            #[cfg(target_arch = "aarch64")]
+            Kernel::Dotprod => {
+                aarch64::dotprod_gemm(&a.data, rows, self.k_padded, &self.data, self.n_padded, c)
+            }
+            #[cfg(target_arch = "aarch64")]
+            Kernel::I8mm => {
+                aarch64::i8mm_gemm(&a.data, rows, self.k_padded, &self.data, self.n_padded, c)
+            }
+            #[cfg(not(target_arch = "aarch64"))]
+            Kernel::Dotprod | Kernel::I8mm => {
+                unreachable!("aarch64 kernels are refused on other targets at build time")
             }
         }
     }
