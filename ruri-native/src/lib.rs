@@ -403,6 +403,15 @@ impl NativeBuilder {
         Ok(prequant::write(config, &options, quantized, table))
     }
 
+    /// The weights file this builder reads from a folder.
+    fn weights_name(&self) -> &'static str {
+        if self.prequantized {
+            INT8_FILE
+        } else {
+            "model.safetensors"
+        }
+    }
+
     /// Opens the model folder and prepares the weights of `model.safetensors` (or, with
     /// [`prequantized`](Self::prequantized), reads ruri's int8 file).
     pub fn build_from_dir(self, dir: impl AsRef<Path>) -> Result<TextEmbedder> {
@@ -427,12 +436,7 @@ impl NativeBackend {
     /// Loads `model.safetensors` of `dir` as `builder` says (or [`INT8_FILE`] with
     /// [`NativeBuilder::prequantized`]).
     pub fn load(dir: &ModelDir, builder: &NativeBuilder) -> Result<Self> {
-        let name = if builder.prequantized {
-            INT8_FILE
-        } else {
-            "model.safetensors"
-        };
-        let weights = dir.file(name)?;
+        let weights = dir.file(builder.weights_name())?;
         let config_path = dir.path().join("config.json");
         dir.config().check_supported(&config_path)?;
         let source = weights::open_file(&weights)?;
