@@ -48,6 +48,59 @@
 //! `simd128` runs in `wasm32` builds with the `simd128` target feature). fp32 vectors depend on the
 //! CPU's instructions (FMA or not), within 1e-5 of sentence-transformers.
 //!
+//! # ruri's int8 file
+//!
+//! [`NativeBuilder::write_int8_file`] (the command `ruri quantize MODEL_DIR`) writes what an
+//! int8 load makes from `model.safetensors` into [`INT8_FILE`], `model.ruri-int8.safetensors`
+//! (≈ 36 MiB for Ruri v3 30m with the int8 table, against 147 MB of fp32);
+//! [`NativeBuilder::prequantized`] reads it instead of quantizing, to the same vectors, bit
+//! for bit, on every kernel (`tests/prequant.rs`). A load then decodes no fp32 and
+//! quantizes nothing: it reads the int8 rows and packs them for the kernel.
+//!
+//! * **A plain safetensors file**, so that any safetensors reader opens it: tensors I8, F32
+//!   and I32; `__metadata__` = `format: "ruri-int8"`, `format_version: "1"` ([`INT8_FORMAT`],
+//!   [`INT8_FORMAT_VERSION`]), the options that change the numbers (`embedding_table`:
+//!   `int8`|`f32`, `outlier_channels`: `true`|`false`), the model's shape (`hidden_size`,
+//!   `intermediate_size`, `num_hidden_layers`, `num_attention_heads`, `vocab_size`) and
+//!   `writer`. The kernel and the threads are not recorded: they change no bit.
+//! * **What quantization produced, in the natural order**, not a kernel's packed layout
+//!   (packing is per kernel and cheap): per linear layer `L` (`layers.N.attn.Wqkv`, …) the
+//!   weights `L.weight` (I8 `[n, k]`, outlier channels 0), `L.weight_scale` (F32 `[n]`),
+//!   `L.outlier_channels` (I32 `[m]`, ascending) and `L.outlier_weight` (F32 `[m, n]`); a
+//!   layer split into two int8 products has `L.main.*` and `L.side.*` instead (`weight`,
+//!   `weight_scale`, and `columns`, I32: the input channels each reads). The norms as F32
+//!   under the checkpoint's names; the table as I8 rows + `…tok_embeddings.weight_scale`, or
+//!   F32. The MLP's units are in the loader's order (writer units last; `mlp.Wi`'s rows and
+//!   `mlp.Wo`'s columns permuted alike: the same function).
+//! * **Never used with other options or another model**: the options the builder leaves
+//!   unset follow the file; one set to another value, [`Precision::Fp32`], or a
+//!   `config.json` of another shape is [`Error::WeightsMismatch`](ruri_core::Error::WeightsMismatch),
+//!   naming both values; another `format_version` is
+//!   [`Error::Unsupported`](ruri_core::Error::Unsupported); a missing tensor, a wrong dtype or
+//!   shape, channel indices out of order, a file cut short is
+//!   [`Error::InvalidConfig`](ruri_core::Error::InvalidConfig).
+//! * **Chosen explicitly from a folder** ([`NativeBuilder::prequantized`], the facade's
+//!   `EmbedderConfig::prequantized`, `--prequantized`); never picked up by itself, and
+//!   [`NativeBackend::weights_file`] names the file read. Bytes ([`NativeBackend::from_bytes`],
+//!   a [`Loader`]: WebAssembly) are recognized by their header's `format`.
+//!
+//! ```
+//! # let tiny = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/tiny");
+//! # let folder = tempfile::tempdir().unwrap();
+//! # let keep = |f: &str| f != "model.safetensors" && !f.starts_with("onnx/");
+//! # ruri_testkit::copy_model(tiny.as_ref(), folder.path(), &keep);
+//! use ruri_native::{EmbeddingTable, INT8_FILE};
+//!
+//! // Once: model.safetensors → model.ruri-int8.safetensors (`ruri quantize` does the same).
+//! let writer = ruri_native::builder().embedding_table(EmbeddingTable::Int8);
+//! writer.write_int8_file(tiny, folder.path().join(INT8_FILE))?;
+//! // Every load after: the int8 file alone (this folder has no model.safetensors).
+//! let embedder = ruri_native::builder().prequantized(true).build_from_dir(folder.path())?;
+//! let at_load = writer.build_from_dir(tiny)?;
+//! assert_eq!(embedder.embed_query("瑠璃色")?, at_load.embed_query("瑠璃色")?);
+//! # Ok::<(), ruri_core::Error>(())
+//! ```
+//!
 //! # Threads
 //!
 //! A batch with several texts is split into groups of whole texts, one per thread, each
@@ -519,9 +572,14 @@ impl NativeBackend {
         let header = Header::read(&path, &source)?;
         let (options, threads) = Self::options(builder)?;
         if prequant::is_int8_file(&path, &header)? {
+            // Bytes are named by what they are, in errors and `weights_file`.
+            let path = match source {
+                Source::Bytes(_) => PathBuf::from(INT8_FILE),
+                Source::File(_) => path,
+            };
             let plan = prequant::Plan::new(&path, &header, config)?;
             let options = plan.resolve(&path, options, builder.table, builder.outliers)?;
-            let model = prequant::load(path.clone(), source, &plan, config, options)?;
+            let model = prequant::load(path.clone(), source, &plan, config, options, threads)?;
             return Self::with_model(model, threads, path, Precision::Int8);
         }
         if builder.prequantized {

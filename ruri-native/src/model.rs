@@ -419,7 +419,7 @@ impl Assembler {
     }
 
     /// Takes the layer tensors `other` prepared (of other layers than this one's).
-    fn absorb(&mut self, other: Assembler) {
+    pub(crate) fn absorb(&mut self, other: Assembler) {
         for (mine, theirs) in self.layers.iter_mut().zip(other.layers) {
             let LayerParts {
                 attn_norm,

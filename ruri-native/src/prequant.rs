@@ -592,6 +592,11 @@ impl Int8Reader {
         self.assembler.quantized(&name, parts)
     }
 
+    /// Takes the layers `other` prepared (other layers than this reader's).
+    fn absorb(&mut self, other: Int8Reader) {
+        self.assembler.absorb(other.assembler);
+    }
+
     /// The model, every tensor received; `source`: the f32 table's file to read rows from.
     pub(crate) fn finish(self, source: Option<Safetensors>) -> Result<crate::model::Model> {
         self.assembler.finish(source)
@@ -799,44 +804,77 @@ pub(crate) fn table_entry(want: &Want) -> HashMap<String, Entry> {
 
 /// The model of the int8 file `source` (its header `header`, `plan` made from it): every
 /// tensor read in the file's order (the table in runs of rows), but the f32 table, which
-/// is read a row per token from the file as a checkpoint's is.
+/// is read a row per token from the file as a checkpoint's is. With `threads` > 1 the layers
+/// are split into that many runs, each read and packed on a thread of its own (as
+/// [`crate::model::Model::load`] does).
 pub(crate) fn load(
     path: PathBuf,
     source: Source,
     plan: &Plan,
     config: &ModelConfig,
     options: LoadOptions,
+    threads: usize,
 ) -> Result<crate::model::Model> {
-    let mut reader = Int8Reader::new(path.clone(), plan, config, options);
-    let io = |source| Error::Io {
-        path: path.clone(),
-        source,
+    let layers = config.num_hidden_layers;
+    let runs = threads.clamp(1, layers.max(1));
+    let layer_of = |name: &str| {
+        name.strip_prefix("layers.")
+            .and_then(|r| r.split_once('.'))
+            .and_then(|(n, _)| n.parse::<usize>().ok())
     };
-    let mut buf = Vec::new();
-    let mut table_f32 = None;
-    for want in &plan.wants {
-        match want.role {
-            Role::TableF32 => table_f32 = Some(table_entry(want)),
-            Role::TableI8 => {
-                const ROWS: u64 = 256;
-                let row = config.hidden_size as u64;
-                let mut at = want.start;
-                while at < want.end {
-                    let n = (ROWS * row).min(want.end - at);
-                    buf.resize(n as usize, 0);
-                    source.read_at(at, &mut buf).map_err(io)?;
+    // Run `r` reads the tensors of its layers; run 0 the others too (norms, table).
+    let read_run = |r: usize| -> Result<(Int8Reader, Option<HashMap<String, Entry>>)> {
+        let range = (r * layers / runs)..((r + 1) * layers / runs);
+        let mut reader = Int8Reader::new(path.clone(), plan, config, options);
+        let io = |source| Error::Io {
+            path: path.clone(),
+            source,
+        };
+        let mut buf = Vec::new();
+        let mut table_f32 = None;
+        for want in &plan.wants {
+            let mine = layer_of(&want.name).map_or(r == 0, |n| range.contains(&n));
+            if !mine {
+                continue;
+            }
+            match want.role {
+                Role::TableF32 => table_f32 = Some(table_entry(want)),
+                Role::TableI8 => {
+                    const ROWS: u64 = 256;
+                    let row = config.hidden_size as u64;
+                    let mut at = want.start;
+                    while at < want.end {
+                        let n = (ROWS * row).min(want.end - at);
+                        buf.resize(n as usize, 0);
+                        source.read_at(at, &mut buf).map_err(io)?;
+                        reader.tensor(want, &buf)?;
+                        at += n;
+                    }
+                }
+                _ => {
+                    // The plan's ranges were checked to fit the file (and usize).
+                    buf.resize((want.end - want.start) as usize, 0);
+                    source.read_at(want.start, &mut buf).map_err(io)?;
                     reader.tensor(want, &buf)?;
-                    at += n;
                 }
             }
-            _ => {
-                // The plan's ranges were checked to fit the file (and usize).
-                buf.resize((want.end - want.start) as usize, 0);
-                source.read_at(want.start, &mut buf).map_err(io)?;
-                reader.tensor(want, &buf)?;
-            }
         }
-    }
+        Ok((reader, table_f32))
+    };
+    let (reader, table_f32) = std::thread::scope(|scope| -> Result<_> {
+        let read_run = &read_run;
+        let others: Vec<_> = (1..runs)
+            .map(|r| scope.spawn(move || read_run(r)))
+            .collect();
+        let (mut reader, table_f32) = read_run(0)?;
+        for other in others {
+            let (other, _) = other
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+            reader.absorb(other);
+        }
+        Ok((reader, table_f32))
+    })?;
     let source = table_f32.map(|entries| Safetensors::from_checked(path, source, entries));
     reader.finish(source)
 }

@@ -201,6 +201,7 @@ impl Loader {
             file_len: u64::MAX,
         };
         if prequant::is_int8_file(path, &parsed)? {
+            let path = Path::new(prequant::INT8_FILE);
             let plan = Plan::new(path, &parsed, &self.config)?;
             let options = plan.resolve(path, self.options, self.table, self.outliers)?;
             let row = self.config.hidden_size;
@@ -315,7 +316,8 @@ impl Loader {
                 ..
             } => {
                 // Every offset again, against the length now known.
-                let path = Path::new(LABEL);
+                let label = if int8 { prequant::INT8_FILE } else { LABEL };
+                let path = Path::new(label);
                 if int8 {
                     let parsed = Header {
                         json: header[8..].to_vec(),
@@ -333,13 +335,16 @@ impl Loader {
                     )?;
                 }
                 if let Some(p) = pending.iter().find(|p| !p.done()) {
-                    return Err(invalid(format!("the data of {} was cut short", p.name)));
+                    return Err(Error::InvalidConfig {
+                        path: path.into(),
+                        reason: format!("the data of {} was cut short", p.name),
+                    });
                 }
                 let (model, precision) = match sink {
                     Sink::Checkpoint { assembler, .. } => (assembler.finish(None)?, self.precision),
                     Sink::Int8(reader) => (reader.finish(None)?, Precision::Int8),
                 };
-                NativeBackend::with_model(model, self.threads, LABEL.into(), precision)
+                NativeBackend::with_model(model, self.threads, label.into(), precision)
             }
         }
     }

@@ -6,7 +6,7 @@
 //! On the committed tiny model, and on the 30m shape when `testdata/generated/` has it
 //! (`tools/testdata/generate.sh 30m`; not in CI: skipped with a note otherwise).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use ruri_core::{Backend, BackendOutput, Error, ModelDir, PaddedBatch, TextEmbedder};
 use ruri_native::{EmbeddingTable, INT8_FILE, Kernel, NativeBackend, NativeBuilder, Precision};
@@ -91,6 +91,7 @@ fn check_model(dir: &Path, combos: &[(EmbeddingTable, bool)], texts: &[String]) 
             let e = unset.build_from_dir(folder.path()).unwrap();
             assert_same(&bits(&e, texts), &want, &format!("{what}: options unset"));
             let backend = NativeBackend::from_bytes(&options, &config_json, file.clone()).unwrap();
+            assert_eq!(backend.weights_file(), Path::new(INT8_FILE));
             assert_same(
                 &bits(&text_embedder(dir, backend), texts),
                 &want,
@@ -101,6 +102,7 @@ fn check_model(dir: &Path, combos: &[(EmbeddingTable, bool)], texts: &[String]) 
                 loader.push(chunk).unwrap();
             }
             let backend = loader.finish().unwrap();
+            assert_eq!(backend.weights_file(), Path::new(INT8_FILE));
             assert_same(
                 &bits(&text_embedder(dir, backend), texts),
                 &want,
@@ -454,10 +456,7 @@ fn a_folder_needs_only_the_int8_file() {
             .unwrap(),
         &texts,
     );
-    assert_eq!(bits(&e, &texts), want);
-    let _: PathBuf = e
-        .backend_as::<NativeBackend>()
-        .unwrap()
-        .weights_file()
-        .to_path_buf();
+    assert_same(&bits(&e, &texts), &want, "the int8 file alone");
+    let backend = e.backend_as::<NativeBackend>().unwrap();
+    assert_eq!(backend.weights_file(), folder.path().join(INT8_FILE));
 }
