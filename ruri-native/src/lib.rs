@@ -577,8 +577,9 @@ impl NativeBackend {
                 Source::Bytes(_) => PathBuf::from(INT8_FILE),
                 Source::File(_) => path,
             };
-            let plan = prequant::Plan::new(&path, &header, config)?;
-            let options = plan.resolve(&path, options, builder.table, builder.outliers)?;
+            let file = prequant::file_options(&path, &header, config)?;
+            let options = file.resolve(&path, options, builder.table, builder.outliers)?;
+            let plan = prequant::Plan::new(&path, &header, config, file)?;
             let model = prequant::load(path.clone(), source, &plan, config, options, threads)?;
             return Self::with_model(model, threads, path, Precision::Int8);
         }

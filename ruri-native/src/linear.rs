@@ -442,8 +442,8 @@ impl Linear {
                         ));
                     }
                 }
-                if main.columns.is_none() || side.columns.is_none() {
-                    return Err("a split's group without its columns".into());
+                if main.columns.is_none() || side.columns.is_none() || main.k == 0 || side.k == 0 {
+                    return Err("a split's group without columns".into());
                 }
                 Ok(Linear::Split {
                     main: Int8::from_parts(kernel, main, k_in, spare)?,

@@ -163,79 +163,106 @@ pub(crate) struct PlannedLinear {
     n: usize,
 }
 
-/// The checked header of an int8 file: its options and every tensor to read.
+/// The checked header of an int8 file: every tensor to read.
 #[derive(Debug)]
 pub(crate) struct Plan {
-    pub(crate) options: FileOptions,
     pub(crate) wants: Vec<Want>,
     linears: Vec<PlannedLinear>,
 }
 
+/// The options a file records, and its model's shape checked against `config`: its
+/// `__metadata__` alone, before any tensor, so that a file is refused for the same reason
+/// whether its length is known yet (bytes) or not (a stream).
+pub(crate) fn file_options(
+    path: &Path,
+    header: &Header,
+    config: &ModelConfig,
+) -> Result<FileOptions> {
+    let invalid = |reason: String| Error::InvalidConfig {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let (_, meta) = safetensors::parse_header_with(
+        path,
+        &header.json,
+        header.data_start,
+        header.file_len,
+        |_| None::<((), usize)>,
+    )?;
+    if meta.get("format").map(String::as_str) != Some(FORMAT) {
+        return Err(invalid(format!(
+            "not ruri's int8 file (its __metadata__ has no format = {FORMAT}; \
+             `ruri quantize` writes one)"
+        )));
+    }
+    let field = |key: &str| {
+        meta.get(key)
+            .ok_or_else(|| invalid(format!("__metadata__ has no {key}")))
+    };
+    let version = field("format_version")?;
+    if version.parse::<u32>().ok() != Some(VERSION) {
+        return Err(Error::Unsupported {
+            path: path.to_path_buf(),
+            what: format!(
+                "{FORMAT} format version {version:?} (this build reads version {VERSION}; \
+                 write the file again with this build's `ruri quantize`)"
+            ),
+        });
+    }
+    for (key, value) in identity(config) {
+        let in_file = field(key)?;
+        if in_file.parse::<usize>().ok() != Some(value) {
+            return Err(Error::WeightsMismatch {
+                path: path.to_path_buf(),
+                what: key,
+                in_file: in_file.clone(),
+                wanted: value.to_string(),
+                wanted_by: "config.json",
+            });
+        }
+    }
+    let table = match field("embedding_table")?.as_str() {
+        "int8" => EmbeddingTable::Int8,
+        "f32" => EmbeddingTable::F32,
+        other => {
+            return Err(invalid(format!(
+                "embedding_table = {other:?} (int8 or f32)"
+            )));
+        }
+    };
+    let outliers = match field("outlier_channels")?.as_str() {
+        "true" => true,
+        "false" => false,
+        other => {
+            return Err(invalid(format!(
+                "outlier_channels = {other:?} (true or false)"
+            )));
+        }
+    };
+    Ok(FileOptions { table, outliers })
+}
+
 impl Plan {
-    /// The header `header` checked against `config` (its metadata first: format version,
-    /// the model's shape, the options), then every tensor's dtype and shape.
-    pub(crate) fn new(path: &Path, header: &Header, config: &ModelConfig) -> Result<Self> {
+    /// The tensors of the header `header` (whose [`file_options`] are `options`) checked
+    /// against `config`: every tensor's dtype and shape, and that it fits the file.
+    pub(crate) fn new(
+        path: &Path,
+        header: &Header,
+        config: &ModelConfig,
+        options: FileOptions,
+    ) -> Result<Self> {
         let invalid = |reason: String| Error::InvalidConfig {
             path: path.to_path_buf(),
             reason,
         };
-        let (entries, meta) = safetensors::parse_header_with(
+        let (entries, _) = safetensors::parse_header_with(
             path,
             &header.json,
             header.data_start,
             header.file_len,
             Stored::from_name,
         )?;
-        if meta.get("format").map(String::as_str) != Some(FORMAT) {
-            return Err(invalid(format!(
-                "not ruri's int8 file (its __metadata__ has no format = {FORMAT}; \
-                 `ruri quantize` writes one)"
-            )));
-        }
-        let field = |key: &str| {
-            meta.get(key)
-                .ok_or_else(|| invalid(format!("__metadata__ has no {key}")))
-        };
-        let version = field("format_version")?;
-        if version.parse::<u32>().ok() != Some(VERSION) {
-            return Err(Error::Unsupported {
-                path: path.to_path_buf(),
-                what: format!(
-                    "{FORMAT} format version {version:?} (this build reads version {VERSION}; \
-                     write the file again with this build's `ruri quantize`)"
-                ),
-            });
-        }
-        for (key, value) in identity(config) {
-            let in_file = field(key)?;
-            if in_file.parse::<usize>().ok() != Some(value) {
-                return Err(Error::WeightsMismatch {
-                    path: path.to_path_buf(),
-                    what: key,
-                    in_file: in_file.clone(),
-                    wanted: value.to_string(),
-                    wanted_by: "config.json",
-                });
-            }
-        }
-        let table = match field("embedding_table")?.as_str() {
-            "int8" => EmbeddingTable::Int8,
-            "f32" => EmbeddingTable::F32,
-            other => {
-                return Err(invalid(format!(
-                    "embedding_table = {other:?} (int8 or f32)"
-                )));
-            }
-        };
-        let outliers = match field("outlier_channels")?.as_str() {
-            "true" => true,
-            "false" => false,
-            other => {
-                return Err(invalid(format!(
-                    "outlier_channels = {other:?} (true or false)"
-                )));
-            }
-        };
+        let FileOptions { table, outliers } = options;
         let (mut wants, mut linears) = (Vec::new(), Vec::new());
         let mut want = |name: String, dtype: Stored, shape: Vec<usize>, role: Role| {
             let entry: &TensorEntry<Stored> = entries
@@ -393,18 +420,16 @@ impl Plan {
             }
         }
         wants.sort_by_key(|w| w.start);
-        Ok(Plan {
-            options: FileOptions { table, outliers },
-            wants,
-            linears,
-        })
+        Ok(Plan { wants, linears })
     }
+}
 
+impl FileOptions {
     /// The options `requested` (the builder's) resolved against the file's: an option the
     /// builder left unset follows the file; one set to another value is
     /// [`Error::WeightsMismatch`].
     pub(crate) fn resolve(
-        &self,
+        self,
         path: &Path,
         mut requested: LoadOptions,
         table: Option<EmbeddingTable>,
@@ -424,7 +449,7 @@ impl Plan {
                 requested.precision.to_string(),
             ));
         }
-        let file = self.options;
+        let file = self;
         if let Some(table) = table.filter(|&t| t != file.table) {
             return Err(mismatch(
                 "embedding_table",
@@ -498,7 +523,7 @@ pub(crate) struct Int8Reader {
 }
 
 impl Int8Reader {
-    /// `plan`'s linear layers; `options` as [`Plan::resolve`] gave.
+    /// `plan`'s linear layers; `options` as [`FileOptions::resolve`] gave.
     pub(crate) fn new(
         path: PathBuf,
         plan: &Plan,

@@ -202,8 +202,9 @@ impl Loader {
         };
         if prequant::is_int8_file(path, &parsed)? {
             let path = Path::new(prequant::INT8_FILE);
-            let plan = Plan::new(path, &parsed, &self.config)?;
-            let options = plan.resolve(path, self.options, self.table, self.outliers)?;
+            let file = prequant::file_options(path, &parsed, &self.config)?;
+            let options = file.resolve(path, self.options, self.table, self.outliers)?;
+            let plan = Plan::new(path, &parsed, &self.config, file)?;
             let row = self.config.hidden_size;
             let mut reader = Int8Reader::new(path.into(), &plan, &self.config, options);
             let mut pending = Vec::with_capacity(plan.wants.len());
@@ -324,7 +325,8 @@ impl Loader {
                         data_start,
                         file_len: received,
                     };
-                    Plan::new(path, &parsed, &self.config)?;
+                    let file = prequant::file_options(path, &parsed, &self.config)?;
+                    Plan::new(path, &parsed, &self.config, file)?;
                 } else {
                     weights::parse_header_for(
                         path,
