@@ -7,7 +7,7 @@
 //! `tools/bench/python_peers.py`, so `tools/bench/table.py` can put all in one table.
 //!
 //! ```sh
-//! cargo run --release --example compare -- --systems ort_int8,ort_fp32
+//! cargo run --release --example compare -- --systems native_int8,fused_int8,ort_int8
 //! ```
 
 use std::path::PathBuf;
@@ -42,7 +42,7 @@ struct Args {
     /// embeddings held in int8, per row), native_int8_prequant, native_int8_table8_prequant
     /// (native_int8 and native_int8_table8 read from the folder's model.ruri-int8.safetensors,
     /// written by `ruri quantize` with the same embedding table), candle_f32, candle_bf16.
-    #[arg(long, default_value = "ort_int8,ort_fp32")]
+    #[arg(long, default_value = "native_int8,native_fp32")]
     systems: String,
     /// Timed passes over the documents (the median is reported).
     #[arg(long, default_value_t = 5)]

@@ -386,6 +386,52 @@ impl Source for Delimited {
     }
 }
 
+/// Whether a column of this type holds strings.
+fn is_string(data_type: &DataType) -> bool {
+    matches!(
+        data_type,
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+    )
+}
+
+/// The type of a column's values: a dictionary's value type (a categorical column, as
+/// pandas and Arrow writers store it), else the type itself.
+fn value_type(data_type: &DataType) -> &DataType {
+    match data_type {
+        DataType::Dictionary(_, values) => values,
+        other => other,
+    }
+}
+
+/// One column of a batch; a dictionary-encoded column's keys are resolved once a batch.
+struct BatchColumn<'a> {
+    rows: &'a ArrayRef,
+    /// A dictionary's values and each row's index into them.
+    dictionary: Option<(&'a ArrayRef, Vec<usize>)>,
+}
+
+impl<'a> BatchColumn<'a> {
+    fn new(rows: &'a ArrayRef) -> Self {
+        let dictionary = rows
+            .as_any_dictionary_opt()
+            .map(|d| (d.values(), d.normalized_keys()));
+        BatchColumn { rows, dictionary }
+    }
+
+    /// The array and index that hold row `i`'s value, or `None` for a null (in the rows or
+    /// in the dictionary's values).
+    fn row(&self, i: usize) -> Option<(&'a ArrayRef, usize)> {
+        if self.rows.is_null(i) {
+            return None;
+        }
+        let (array, at) = match &self.dictionary {
+            Some((values, keys)) => (*values, keys[i]),
+            None => (self.rows, i),
+        };
+        (!array.is_null(at)).then_some((array, at))
+    }
+}
+
 /// A Parquet file, read a batch of rows at a time (only the text and id columns).
 struct Parquet {
     reader: ParquetRecordBatchReader,
@@ -423,10 +469,7 @@ impl Parquet {
         };
         let text = column(&fields.text, "--text-field")?;
         let text_type = schema.field(text).data_type();
-        if !matches!(
-            text_type,
-            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
-        ) {
+        if !is_string(value_type(text_type)) {
             return Err(format!(
                 "the Parquet column \"{}\" holds {text_type}, not strings",
                 fields.text
@@ -436,12 +479,7 @@ impl Parquet {
         if let Some(id_name) = &fields.id {
             let id = column(id_name, "--id-field")?;
             let id_type = schema.field(id).data_type();
-            if !(id_type.is_integer()
-                || matches!(
-                    id_type,
-                    DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
-                ))
-            {
+            if !(value_type(id_type).is_integer() || is_string(value_type(id_type))) {
                 return Err(format!(
                     "the Parquet column \"{id_name}\" holds {id_type}, not integers or strings"
                 ));
@@ -467,10 +505,10 @@ impl Parquet {
     }
 
     /// Row `i` of `column` (named `name`, for messages): a string, or an integer id.
-    fn value(column: &ArrayRef, name: &str, i: usize, id: bool) -> Result<Option<Id>, String> {
-        if column.is_null(i) {
+    fn value(column: &BatchColumn, name: &str, i: usize, id: bool) -> Result<Option<Id>, String> {
+        let Some((column, i)) = column.row(i) else {
             return Err(format!("has a null \"{name}\""));
-        }
+        };
         let string = match column.data_type() {
             DataType::Utf8 => Some(column.as_string::<i32>().value(i).to_owned()),
             DataType::LargeUtf8 => Some(column.as_string::<i64>().value(i).to_owned()),
@@ -523,7 +561,7 @@ impl Source for Parquet {
             let end = batch.num_rows().min(self.offset + (max - taken));
             // The columns are looked up once a batch, not once a row.
             let column = |name: &str| {
-                Arc::clone(
+                BatchColumn::new(
                     batch
                         .column_by_name(name)
                         .expect("the projection holds the column"),

@@ -10,8 +10,9 @@ use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
-use arrow_array::types::{Float32Type, Int8Type, Int64Type, UInt8Type};
-use arrow_array::{Array, RecordBatch};
+use arrow_array::types::{Float32Type, Int8Type, Int32Type, Int64Type, UInt8Type};
+use arrow_array::{Array, DictionaryArray, RecordBatch};
+use arrow_schema::DataType;
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use ruri_testkit::{Reference, cosine, max_abs_diff, tiny_model_dir};
@@ -274,6 +275,76 @@ fn every_input_format_gives_the_same_vectors() {
         ));
         assert_eq!(out.stdout, want, "{}", input.display());
     }
+}
+
+/// A categorical (dictionary-encoded) text or id column, as pandas and Arrow writers store
+/// one, reads like a plain string column: the same vectors, ids and rows.
+#[test]
+fn dictionary_parquet_columns_read_like_plain_ones() {
+    let reference = Reference::tiny();
+    let mut texts = plain_texts(&reference);
+    texts.truncate(4);
+    // Repeats, as in a categorical column; a dictionary holds each text once.
+    let rows: Vec<&str> = texts.iter().chain(texts.iter().rev()).copied().collect();
+    let ids: Vec<String> = (0..rows.len()).map(|i| format!("d{}", i % 3)).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let write = |path: &Path, dictionary: bool| {
+        let (body, doc): (Arc<dyn Array>, Arc<dyn Array>) = if dictionary {
+            (
+                Arc::new(rows.iter().copied().collect::<DictionaryArray<Int32Type>>()),
+                Arc::new(
+                    ids.iter()
+                        .map(String::as_str)
+                        .collect::<DictionaryArray<Int8Type>>(),
+                ),
+            )
+        } else {
+            (
+                Arc::new(arrow_array::StringArray::from_iter_values(
+                    rows.iter().copied(),
+                )),
+                Arc::new(arrow_array::StringArray::from_iter_values(ids.iter())),
+            )
+        };
+        let batch = RecordBatch::try_from_iter([("body", body), ("doc", doc)]).unwrap();
+        write_parquet(path, &batch, parquet::basic::Compression::SNAPPY);
+    };
+    let plain = dir.path().join("plain.parquet");
+    write(&plain, false);
+    let categorical = dir.path().join("categorical.parquet");
+    write(&categorical, true);
+    // The file really holds dictionary columns (else this test would test nothing).
+    let schema = read_parquet(&categorical)[0].schema();
+    for name in ["body", "doc"] {
+        let field = schema.field_with_name(name).unwrap();
+        assert!(
+            matches!(field.data_type(), DataType::Dictionary(..)),
+            "{name}: {:?}",
+            field.data_type()
+        );
+    }
+    let run = |input: &Path| {
+        ok(embed(
+            &[
+                "--input",
+                input.to_str().unwrap(),
+                "--text-field",
+                "body",
+                "--id-field",
+                "doc",
+            ],
+            None,
+        ))
+        .stdout
+    };
+    let want = run(&plain);
+    assert_eq!(
+        want.split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .count(),
+        rows.len()
+    );
+    assert_eq!(run(&categorical), want);
 }
 
 #[test]

@@ -1,11 +1,15 @@
 #![allow(missing_docs)] // criterion_group! generates an undocumented function
 //! The int8 GEMM kernels (and the fp32 GEMM) on the linears of the 30m shape (M = 900 token rows, about one
 //! 32-document batch of the workload) and on a square shape, in multiply-adds per second
-//! (`Throughput::Elements` counts MACs). `cargo bench -p ruri-native --bench kernels`.
+//! (`Throughput::Elements` counts MACs), on every kernel this CPU runs (on AVX-512 CPUs that
+//! includes `avx512vnni256`, the AVX-VNNI kernel's source in its EVEX encoding); and the
+//! MLP's GeGLU on one 64-row chunk of the 30m shape's 1,024 intermediate channels, in values
+//! per second.
+//! `cargo bench -p ruri-native --bench kernels`.
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use ruri_native::Kernel;
-use ruri_native::bench::{Fp32Gemm, Gemm};
+use ruri_native::bench::{Fp32Gemm, Gemm, geglu};
 
 fn kernels(c: &mut Criterion) {
     // (name, M, N, K): Wqkv, attention Wo, Wi, MLP Wo of ruri-v3-30m; one query; a square.
@@ -32,6 +36,21 @@ fn kernels(c: &mut Criterion) {
         group.throughput(Throughput::Elements((m * n * k) as u64));
         group.bench_function(name, |b| b.iter(|| std::hint::black_box(gemm.run())));
     }
+    group.finish();
+    // GeGLU: inputs spread over the range the erf sees (GELU's argument in [−6, 6]).
+    let len = 64 * 1024;
+    let value = |i: usize| ((i.wrapping_mul(2_654_435_761) >> 7) % 4801) as f32 / 400.0 - 6.0;
+    let input: Vec<f32> = (0..len).map(value).collect();
+    let gate: Vec<f32> = (0..len).map(|i| value(i + 17) / 6.0).collect();
+    let mut out = vec![0.0f32; len];
+    let mut group = c.benchmark_group("geglu");
+    group.throughput(Throughput::Elements(len as u64));
+    group.bench_function("mlp_chunk", |b| {
+        b.iter(|| {
+            geglu(&input, &gate, &mut out);
+            std::hint::black_box(out[len / 3])
+        })
+    });
     group.finish();
 }
 

@@ -43,10 +43,13 @@
 //! rotary tables, pooling) is plain IEEE arithmetic in a fixed order with this crate's own
 //! `exp` and `erf` and libm's pure-Rust `sin`/`cos`, so a text's int8 vector has the same
 //! bits alone or in any batch, on every kernel, on every CPU. Force a kernel with
-//! [`NativeBuilder::kernel`] or `RURI_KERNEL=scalar|avx2|avx512vnni|simd128` (an unknown
-//! name, or one this CPU or build target cannot run, is [`ruri_core::Error::InvalidOption`];
-//! `simd128` runs in `wasm32` builds with the `simd128` target feature). fp32 vectors depend on the
-//! CPU's instructions (FMA or not), within 1e-5 of sentence-transformers.
+//! [`NativeBuilder::kernel`] or
+//! `RURI_KERNEL=scalar|avx2|avxvnni|avx512vnni256|avx512vnni|simd128` (an unknown name, or
+//! one this CPU or build target cannot run, is [`ruri_core::Error::InvalidOption`];
+//! `simd128` runs in `wasm32` builds with the `simd128` target feature; `avxvnni` has run on
+//! no CPU here, and its EVEX twin `avx512vnni256`, the same source, is what the tests check).
+//! fp32 vectors depend on the CPU's instructions (FMA or not), within 1e-5 of
+//! sentence-transformers.
 //!
 //! # ruri's int8 file
 //!
@@ -134,7 +137,8 @@ pub use kernels::Kernel;
 pub use prequant::{FORMAT as INT8_FORMAT, INT8_FILE, VERSION as INT8_FORMAT_VERSION};
 pub use stream::Loader;
 
-/// The int8 GEMM alone, for the kernel benchmarks (`benches/kernels.rs`); not a stable API.
+/// The int8 GEMM alone (and the fp32 GEMM, the GeGLU), for the kernel benchmarks
+/// (`benches/kernels.rs`); not a stable API.
 #[doc(hidden)]
 pub mod bench {
     use crate::kernels::{Kernel, PackedWeights, QuantRows};
@@ -209,6 +213,12 @@ pub mod bench {
             );
             self.out.iter().step_by(61).sum()
         }
+    }
+
+    /// The MLP's GeGLU, `out[j] = gelu(input[j]) · gate[j]` (the widest version this CPU
+    /// runs), for the benchmark of its erf.
+    pub fn geglu(input: &[f32], gate: &[f32], out: &mut [f32]) {
+        crate::kernels::simd_f32::geglu(input, gate, out);
     }
 
     /// `C = A · Wᵀ` (`a`: `m × k`, `w`: `n × k`, row-major; C `m × n`) on `kernel`, for tests

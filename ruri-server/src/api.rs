@@ -273,18 +273,20 @@ impl ErrorKind {
         }
     }
 
-    /// TEI's `error_type` values.
+    /// TEI's `error_type` values, spelled as TEI serializes its `ErrorType` enum (the
+    /// variant names: `Validation`, `Overloaded`, …). TEI has no variant for a refused API
+    /// key; `Unauthorized` follows the same spelling.
     fn tei_type(self) -> &'static str {
         match self {
             ErrorKind::InvalidJson
             | ErrorKind::Invalid
             | ErrorKind::TooLarge
-            | ErrorKind::NotFound => "validation",
-            ErrorKind::Unauthorized => "unauthorized",
-            ErrorKind::Overloaded | ErrorKind::Timeout => "overloaded",
-            ErrorKind::Loading | ErrorKind::LoadFailed => "unhealthy",
-            ErrorKind::Tokenizer => "tokenizer",
-            ErrorKind::Backend => "backend",
+            | ErrorKind::NotFound => "Validation",
+            ErrorKind::Unauthorized => "Unauthorized",
+            ErrorKind::Overloaded | ErrorKind::Timeout => "Overloaded",
+            ErrorKind::Loading | ErrorKind::LoadFailed => "Unhealthy",
+            ErrorKind::Tokenizer => "Tokenizer",
+            ErrorKind::Backend => "Backend",
         }
     }
 

@@ -8,6 +8,11 @@
 //!   A is broadcast as s8; `128 · Σₖ A[m][k]` is subtracted at the end.
 //! * [`Kernel::Avx2`]: W and A sign-extended to 16 bits, `vpmaddwd` (i16 × i16 pairs → i32).
 //!   Not `vpmaddubsw`, whose 16-bit pair sums saturate on 8-bit weights.
+//! * [`Kernel::AvxVnni`]: `vpdpbusd` on 256-bit registers (AVX-VNNI, for CPUs without
+//!   AVX-512), W and A as in the AVX-512 kernel. [`Kernel::Avx512Vnni256`] is the same source
+//!   compiled for the EVEX encoding of that instruction (AVX-512 VNNI + VL): the twin that
+//!   AVX-512 CPUs run, and so the tests; the AVX-VNNI instantiation itself has not run on
+//!   any CPU this project is tested on.
 //! * [`Kernel::Simd128`]: WebAssembly simd128, W and A sign-extended to 16 bits,
 //!   `i32x4.dot_i16x8_s` (i16 × i16 pairs → i32, exact); only in builds for `wasm32` with
 //!   the `simd128` target feature.
@@ -40,6 +45,13 @@ pub enum Kernel {
     Scalar,
     /// x86-64 AVX2: 16-bit multiply-adds of sign-extended bytes.
     Avx2,
+    /// x86-64 AVX-VNNI: 256-bit `vpdpbusd` (VEX), for CPUs without AVX-512 (Intel's client
+    /// cores since Alder Lake). The source of [`Kernel::Avx512Vnni256`], compiled for VEX.
+    AvxVnni,
+    /// x86-64 AVX-512 VNNI + VL at 256 bits: the AVX-VNNI kernel's source compiled for the
+    /// EVEX encoding of the same instruction, so that AVX-512 CPUs run (and test) it;
+    /// [`Kernel::detect`] prefers [`Kernel::Avx512Vnni`] where both run.
+    Avx512Vnni256,
     /// x86-64 AVX-512 VNNI (with AVX-512 BW): `vpdpbusd`.
     Avx512Vnni,
     /// WebAssembly simd128: 16-bit dot products of sign-extended bytes (`wasm32` builds
@@ -49,9 +61,11 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel this build knows, whether or not this CPU runs it.
-    pub const ALL: [Kernel; 4] = [
+    pub const ALL: [Kernel; 6] = [
         Kernel::Scalar,
         Kernel::Avx2,
+        Kernel::AvxVnni,
+        Kernel::Avx512Vnni256,
         Kernel::Avx512Vnni,
         Kernel::Simd128,
     ];
@@ -61,6 +75,8 @@ impl Kernel {
         match self {
             Kernel::Scalar => "scalar",
             Kernel::Avx2 => "avx2",
+            Kernel::AvxVnni => "avxvnni",
+            Kernel::Avx512Vnni256 => "avx512vnni256",
             Kernel::Avx512Vnni => "avx512vnni",
             Kernel::Simd128 => "simd128",
         }
@@ -80,6 +96,19 @@ impl Kernel {
             }
             #[cfg(not(target_arch = "x86_64"))]
             Kernel::Avx2 | Kernel::Avx512Vnni => false,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::AvxVnni => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("avxvnni")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512Vnni256 => {
+                std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512vl")
+                    && std::arch::is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            Kernel::AvxVnni | Kernel::Avx512Vnni256 => false,
             Kernel::Simd128 => cfg!(all(target_arch = "wasm32", target_feature = "simd128")),
         }
     }
@@ -113,7 +142,7 @@ impl Kernel {
             .ok_or_else(|| Error::InvalidOption {
                 name: option,
                 value: name.to_owned(),
-                reason: "unknown int8 kernel (known: scalar, avx2, avx512vnni, simd128)",
+                reason: "unknown int8 kernel (known: scalar, avx2, avxvnni, avx512vnni256, avx512vnni, simd128)",
             })?;
         kernel.ensure_available(option)?;
         Ok(kernel)
@@ -142,8 +171,8 @@ impl fmt::Display for Kernel {
 impl FromStr for Kernel {
     type Err = Error;
 
-    /// A kernel by name (`scalar`, `avx2`, `avx512vnni`, `simd128`); unavailable ones are an
-    /// error too.
+    /// A kernel by name (`scalar`, `avx2`, `avxvnni`, `avx512vnni256`, `avx512vnni`,
+    /// `simd128`); unavailable ones are an error too.
     fn from_str(name: &str) -> Result<Self> {
         Self::checked(name, "kernel")
     }
@@ -250,6 +279,18 @@ impl PackedWeights {
                 });
                 (n_padded, data)
             }
+            Kernel::AvxVnni | Kernel::Avx512Vnni256 => {
+                // The layout above with column blocks of 16: [column block of 16][k quad]
+                // [two ymm of 8 columns][column][4 bytes], each byte w + 128.
+                let n_padded = round_up(n, 16);
+                let quads = k_padded / 4;
+                let mut data = vec![128u8; n_padded * k_padded];
+                let base = |col: usize| (col / 16) * quads * 64 + (col % 16) * 4;
+                scatter::<4>(q, (n, k), &mut data, base, 64, |v| {
+                    (i16::from(v) + 128) as u8
+                });
+                (n_padded, data)
+            }
             Kernel::Simd128 => {
                 // [column block of 8][k pair][column][2 bytes]: one 16-byte vector per block
                 // and pair. Padding is w = 0, so padded k and columns contribute nothing.
@@ -307,6 +348,30 @@ impl PackedWeights {
             ),
             #[cfg(not(target_arch = "x86_64"))]
             Kernel::Avx2 | Kernel::Avx512Vnni => {
+                unreachable!("x86 kernels are refused on other targets at build time")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Kernel::AvxVnni => x86::avxvnni::gemm(
+                &a.data,
+                &a.sums,
+                rows,
+                self.k_padded,
+                &self.data,
+                self.n_padded,
+                c,
+            ),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512Vnni256 => x86::avx512vnni256::gemm(
+                &a.data,
+                &a.sums,
+                rows,
+                self.k_padded,
+                &self.data,
+                self.n_padded,
+                c,
+            ),
+            #[cfg(not(target_arch = "x86_64"))]
+            Kernel::AvxVnni | Kernel::Avx512Vnni256 => {
                 unreachable!("x86 kernels are refused on other targets at build time")
             }
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
@@ -451,6 +516,18 @@ mod tests {
         for kernel in Kernel::available() {
             assert_eq!(run(kernel, &qa, &w, n, k), expected, "kernel {kernel}");
         }
+    }
+
+    /// The widest VNNI wins: zmm wherever AVX-512 VNNI runs (its 256-bit twin is slower or
+    /// equal there), then AVX-VNNI, then AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn detect_prefers_zmm_vnni_then_avx_vnni_then_avx2() {
+        let expected = [Kernel::Avx512Vnni, Kernel::AvxVnni, Kernel::Avx2]
+            .into_iter()
+            .find(|k| k.is_available())
+            .unwrap_or(Kernel::Scalar);
+        assert_eq!(Kernel::detect(), expected);
     }
 
     #[test]

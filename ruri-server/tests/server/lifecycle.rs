@@ -31,7 +31,7 @@ async fn answers_health_at_once_and_embeds_only_once_ready() {
     openai.openai_error(StatusCode::SERVICE_UNAVAILABLE, "model_loading");
     assert_eq!(openai.headers[header::RETRY_AFTER], "1");
     let tei = server.post("/embed", &json!({"inputs": "猫"})).await;
-    tei.tei_error(StatusCode::SERVICE_UNAVAILABLE, "unhealthy");
+    tei.tei_error(StatusCode::SERVICE_UNAVAILABLE, "Unhealthy");
     assert!(server.metrics().await.contains("ruri_model_ready 0\n"));
 
     gate.set(false);
@@ -68,7 +68,7 @@ async fn a_failed_load_is_reported_by_ready_and_embedding_routes() {
     let message = server
         .post("/embed", &json!({"inputs": "猫"}))
         .await
-        .tei_error(StatusCode::SERVICE_UNAVAILABLE, "unhealthy");
+        .tei_error(StatusCode::SERVICE_UNAVAILABLE, "Unhealthy");
     assert!(message.contains("/nowhere/config.json"), "{message}");
     assert_eq!(server.get("/health").await.status, StatusCode::OK);
 

@@ -24,7 +24,7 @@ async fn a_body_over_the_limit_is_413() {
     server
         .post("/embed", &big)
         .await
-        .tei_error(StatusCode::PAYLOAD_TOO_LARGE, "validation");
+        .tei_error(StatusCode::PAYLOAD_TOO_LARGE, "Validation");
     // Under the limit still works.
     assert_eq!(
         server.post("/embed", &json!({"inputs": "猫"})).await.status,
@@ -47,7 +47,7 @@ async fn an_input_over_the_model_maximum_is_413_unless_truncation_is_asked() {
     let message = server
         .post("/embed", &json!({"inputs": inputs}))
         .await
-        .tei_error(StatusCode::PAYLOAD_TOO_LARGE, "validation");
+        .tei_error(StatusCode::PAYLOAD_TOO_LARGE, "Validation");
     assert!(
         message.contains("input 1")
             && message.contains(&format!("{tokens} tokens"))
@@ -103,11 +103,11 @@ async fn malformed_requests_get_json_errors() {
     server
         .post_raw("/embed", b"not json")
         .await
-        .tei_error(StatusCode::BAD_REQUEST, "validation");
+        .tei_error(StatusCode::BAD_REQUEST, "Validation");
     server
         .post_raw("/embed", b"\xff\xfe")
         .await
-        .tei_error(StatusCode::BAD_REQUEST, "validation");
+        .tei_error(StatusCode::BAD_REQUEST, "Validation");
 
     let message = server
         .post("/v1/embeddings", &json!({"input": 5}))
@@ -125,12 +125,12 @@ async fn malformed_requests_get_json_errors() {
     let message = server
         .post("/embed", &json!({"text": "猫"}))
         .await
-        .tei_error(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+        .tei_error(StatusCode::UNPROCESSABLE_ENTITY, "Validation");
     assert!(message.contains("inputs"), "{message}");
     let message = server
         .post("/embed", &json!({"inputs": []}))
         .await
-        .tei_error(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+        .tei_error(StatusCode::UNPROCESSABLE_ENTITY, "Validation");
     assert!(message.contains("no input"), "{message}");
     server
         .post(
@@ -142,7 +142,7 @@ async fn malformed_requests_get_json_errors() {
     let message = server
         .post("/embed", &json!({"inputs": "猫", "prompt_name": "passage"}))
         .await
-        .tei_error(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+        .tei_error(StatusCode::UNPROCESSABLE_ENTITY, "Validation");
     assert!(message.contains("\"query\""), "{message}");
     server
         .post(
@@ -150,12 +150,12 @@ async fn malformed_requests_get_json_errors() {
             &json!({"inputs": "猫", "truncate": true, "truncation_direction": "Left"}),
         )
         .await
-        .tei_error(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+        .tei_error(StatusCode::UNPROCESSABLE_ENTITY, "Validation");
 
     let message = server
         .post("/embed", &json!({"inputs": ["a", "b", "c", "d", "e"]}))
         .await
-        .tei_error(StatusCode::PAYLOAD_TOO_LARGE, "validation");
+        .tei_error(StatusCode::PAYLOAD_TOO_LARGE, "Validation");
     assert!(
         message.contains("5 inputs") && message.contains("4"),
         "{message}"
@@ -169,7 +169,7 @@ async fn malformed_requests_get_json_errors() {
     );
 
     let reply = server.get("/v2/nothing").await;
-    reply.tei_error(StatusCode::NOT_FOUND, "validation");
+    reply.tei_error(StatusCode::NOT_FOUND, "Validation");
     // The server is still fine.
     assert_eq!(server.get("/health").await.status, StatusCode::OK);
 }

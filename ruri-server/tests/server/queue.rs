@@ -136,7 +136,7 @@ async fn a_full_queue_answers_429_and_recovers() {
     let (running, queued) = one_running_one_queued(&server, &gate, &calls, "待っている").await;
 
     let refused = server.post("/embed", &json!({"inputs": "断られる"})).await;
-    refused.tei_error(StatusCode::TOO_MANY_REQUESTS, "overloaded");
+    refused.tei_error(StatusCode::TOO_MANY_REQUESTS, "Overloaded");
     assert_eq!(refused.headers[header::RETRY_AFTER], "1");
     server
         .post("/v1/embeddings", &json!({"input": "断られる"}))

@@ -219,7 +219,7 @@ async fn an_api_key_guards_the_embedding_routes_only() {
     server
         .post("/embed", &json!({"inputs": "猫"}))
         .await
-        .tei_error(StatusCode::UNAUTHORIZED, "unauthorized");
+        .tei_error(StatusCode::UNAUTHORIZED, "Unauthorized");
 
     let ok = server
         .post_with(

@@ -89,12 +89,12 @@ async fn post_root_refuses_as_embed_and_get_root_is_health() {
     let message = server
         .post("/", &json!({"inputs": over}))
         .await
-        .tei_error(StatusCode::PAYLOAD_TOO_LARGE, "validation");
+        .tei_error(StatusCode::PAYLOAD_TOO_LARGE, "Validation");
     assert!(message.contains("752 tokens"), "{message}");
     let message = server
         .post("/", &json!({"inputs": "猫", "prompt_name": "nope"}))
         .await
-        .tei_error(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+        .tei_error(StatusCode::UNPROCESSABLE_ENTITY, "Validation");
     assert!(
         message.contains("unknown prompt_name \"nope\""),
         "{message}"
@@ -105,15 +105,15 @@ async fn post_root_refuses_as_embed_and_get_root_is_health() {
             &json!({"inputs": "猫", "truncation_direction": "left"}),
         )
         .await
-        .tei_error(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+        .tei_error(StatusCode::UNPROCESSABLE_ENTITY, "Validation");
     server
         .post_raw("/", b"{")
         .await
-        .tei_error(StatusCode::BAD_REQUEST, "validation");
+        .tei_error(StatusCode::BAD_REQUEST, "Validation");
     server
         .post("/", &json!({"inputs": []}))
         .await
-        .tei_error(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+        .tei_error(StatusCode::UNPROCESSABLE_ENTITY, "Validation");
 
     let health = server.get("/").await;
     assert_eq!(health.status, StatusCode::OK);
@@ -126,7 +126,7 @@ async fn post_root_refuses_as_embed_and_get_root_is_health() {
 
     // Other methods and paths still get TEI's 404, which names the new routes.
     let missing = server.get("/embed_all").await;
-    let message = missing.tei_error(StatusCode::NOT_FOUND, "validation");
+    let message = missing.tei_error(StatusCode::NOT_FOUND, "Validation");
     for route in ["POST /tokenize", "GET /info", "POST /"] {
         assert!(message.contains(route), "{message}");
     }
@@ -194,12 +194,12 @@ async fn info_and_tokenize_wait_for_the_model() {
     })
     .await;
     let info = server.get("/info").await;
-    info.tei_error(StatusCode::SERVICE_UNAVAILABLE, "unhealthy");
+    info.tei_error(StatusCode::SERVICE_UNAVAILABLE, "Unhealthy");
     assert_eq!(info.headers[header::RETRY_AFTER], "1");
     server
         .post("/tokenize", &json!({"inputs": "猫"}))
         .await
-        .tei_error(StatusCode::SERVICE_UNAVAILABLE, "unhealthy");
+        .tei_error(StatusCode::SERVICE_UNAVAILABLE, "Unhealthy");
     assert_eq!(server.get("/").await.status, StatusCode::OK);
     gate.set(false);
     server.wait_ready().await;
@@ -336,7 +336,7 @@ async fn tokenize_refuses_as_tei() {
     let message = server
         .post("/tokenize", &json!({"inputs": ["a", "b", "c", "d"]}))
         .await
-        .tei_error(StatusCode::PAYLOAD_TOO_LARGE, "validation");
+        .tei_error(StatusCode::PAYLOAD_TOO_LARGE, "Validation");
     assert!(
         message.contains("more than this server's maximum of 3"),
         "{message}"
@@ -344,15 +344,15 @@ async fn tokenize_refuses_as_tei() {
     server
         .post("/tokenize", &json!({"inputs": []}))
         .await
-        .tei_error(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+        .tei_error(StatusCode::UNPROCESSABLE_ENTITY, "Validation");
     server
         .post("/tokenize", &json!({"inputs": [1, 2]}))
         .await
-        .tei_error(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+        .tei_error(StatusCode::UNPROCESSABLE_ENTITY, "Validation");
     let message = server
         .post("/tokenize", &json!({"inputs": "猫", "prompt_name": "nope"}))
         .await
-        .tei_error(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+        .tei_error(StatusCode::UNPROCESSABLE_ENTITY, "Validation");
     assert!(message.contains("unknown prompt_name"), "{message}");
 
     // Without `prompt_name` the server's default prompt applies, as on /embed; `""` is none.
@@ -400,14 +400,14 @@ async fn the_api_key_guards_the_tei_routes_as_tei() {
         server
             .post(path, &body)
             .await
-            .tei_error(StatusCode::UNAUTHORIZED, "unauthorized");
+            .tei_error(StatusCode::UNAUTHORIZED, "Unauthorized");
         let ok = server.post_with(path, &key, &body).await;
         assert_eq!(ok.status, StatusCode::OK, "{path}: {}", ok.text());
     }
     server
         .get("/info")
         .await
-        .tei_error(StatusCode::UNAUTHORIZED, "unauthorized");
+        .tei_error(StatusCode::UNAUTHORIZED, "Unauthorized");
     let ok = server
         .request(hyper::Method::GET, "/info", &key, Vec::new())
         .await;
@@ -586,7 +586,7 @@ async fn huggingface_hub_inference_client_feature_extraction() {
     }
     // Without truncate the client raises the server's 413, TEI's error body inside.
     assert_eq!(answers[6]["status"], 413, "{}", answers[6]);
-    assert_eq!(answers[6]["body"]["error_type"], "validation");
+    assert_eq!(answers[6]["body"]["error_type"], "Validation");
     assert!(
         answers[6]["body"]["error"]
             .as_str()
@@ -596,7 +596,7 @@ async fn huggingface_hub_inference_client_feature_extraction() {
         answers[6]
     );
     assert_eq!(answers[7]["status"], 422, "{}", answers[7]);
-    assert_eq!(answers[7]["body"]["error_type"], "validation");
+    assert_eq!(answers[7]["body"]["error_type"], "Validation");
 
     // dimensions: the first 16 values, renormalized.
     let cut = client_vectors(&answers[8], 1, 16, "dimensions");

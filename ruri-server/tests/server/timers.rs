@@ -129,7 +129,7 @@ async fn a_request_that_waits_too_long_gets_a_timeout_and_leaves_the_queue() {
     );
     // The running one times out too (TEI's shape), and the queue is empty again.
     let running = running.await.unwrap();
-    running.tei_error(StatusCode::SERVICE_UNAVAILABLE, "overloaded");
+    running.tei_error(StatusCode::SERVICE_UNAVAILABLE, "Overloaded");
     let metrics = server.metrics().await;
     assert!(metrics.contains("ruri_queue_requests 0\n"), "{metrics}");
     assert!(metrics.contains("ruri_queue_tokens 0\n"), "{metrics}");
