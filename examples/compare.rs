@@ -39,7 +39,9 @@ struct Args {
     /// (fused, int8 activations per tensor), native_int8, native_fp32 (ruri's own engine, one
     /// worker per core), native_int8_t1, native_fp32_t1 (one thread), native_int8_plain
     /// (no outlier channels in f32), native_int8_table8, native_fp32_table8 (the token
-    /// embeddings held in int8, per row), candle_f32, candle_bf16.
+    /// embeddings held in int8, per row), native_int8_prequant, native_int8_table8_prequant
+    /// (native_int8 and native_int8_table8 read from the folder's model.ruri-int8.safetensors,
+    /// written by `ruri quantize` with the same embedding table), candle_f32, candle_bf16.
     #[arg(long, default_value = "native_int8,native_fp32")]
     systems: String,
     /// Timed passes over the documents (the median is reported).
@@ -156,21 +158,28 @@ fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn E
             .map(|e| Box::new(e) as Box<dyn Embedder>)
             .map_err(describe)
     };
-    let native_table =
-        |precision: ruri::native::Precision, threads: Option<usize>, outliers, table| {
-            let mut builder = ruri::native::builder()
-                .precision(precision)
-                .outlier_channels(outliers)
-                .embedding_table(table)
-                .batching(batching);
-            if let Some(t) = threads.or(args.threads) {
-                builder = builder.threads(t);
-            }
-            builder
-                .build_from_dir(model)
-                .map(|e| Box::new(e) as Box<dyn Embedder>)
-                .map_err(describe)
-        };
+    let native_file = |precision: ruri::native::Precision,
+                       threads: Option<usize>,
+                       outliers,
+                       table,
+                       prequantized| {
+        let mut builder = ruri::native::builder()
+            .precision(precision)
+            .outlier_channels(outliers)
+            .embedding_table(table)
+            .prequantized(prequantized)
+            .batching(batching);
+        if let Some(t) = threads.or(args.threads) {
+            builder = builder.threads(t);
+        }
+        builder
+            .build_from_dir(model)
+            .map(|e| Box::new(e) as Box<dyn Embedder>)
+            .map_err(describe)
+    };
+    let native_table = |precision, threads, outliers, table| {
+        native_file(precision, threads, outliers, table, false)
+    };
     let native_with = |precision, threads, outliers| {
         native_table(precision, threads, outliers, EmbeddingTable::F32)
     };
@@ -197,6 +206,21 @@ fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn E
             None,
             true,
             EmbeddingTable::Int8,
+        ),
+        // ruri's int8 file (`ruri quantize`) of the model folder, with these options.
+        "native_int8_prequant" => native_file(
+            ruri::native::Precision::Int8,
+            None,
+            true,
+            EmbeddingTable::F32,
+            true,
+        ),
+        "native_int8_table8_prequant" => native_file(
+            ruri::native::Precision::Int8,
+            None,
+            true,
+            EmbeddingTable::Int8,
+            true,
         ),
         "native_fp32_table8" => native_table(
             ruri::native::Precision::Fp32,

@@ -77,6 +77,11 @@ pub struct ModelArgs {
     /// Whitespace at the ends of prompt + text.
     #[arg(long, value_enum, default_value_t = WhitespaceArg::Keep)]
     pub whitespace: WhitespaceArg,
+    /// Read ruri's int8 file, model.ruri-int8.safetensors (written by `ruri quantize`),
+    /// instead of quantizing model.safetensors at load: the same vectors, a faster load
+    /// (backend native, --precision int8).
+    #[arg(long)]
+    pub prequantized: bool,
 }
 
 impl ModelArgs {
@@ -86,7 +91,8 @@ impl ModelArgs {
         let config = EmbedderConfig::new()
             .backend(self.backend)
             .precision(self.precision)
-            .whitespace(self.whitespace.into());
+            .whitespace(self.whitespace.into())
+            .prequantized(self.prequantized);
         match &self.onnx_file {
             Some(file) => config.onnx_file(file),
             None => config,

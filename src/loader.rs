@@ -314,6 +314,7 @@ pub struct EmbedderConfig {
     threads: Option<usize>,
     sessions: Option<usize>,
     batching: Option<BatchOptions>,
+    prequantized: bool,
 }
 
 impl Default for EmbedderConfig {
@@ -330,6 +331,7 @@ impl Default for EmbedderConfig {
             threads: None,
             sessions: None,
             batching: None,
+            prequantized: false,
         }
     }
 }
@@ -413,6 +415,17 @@ impl EmbedderConfig {
         self
     }
 
+    /// Read ruri's int8 file, `model.ruri-int8.safetensors` (written by `ruri quantize`),
+    /// instead of quantizing `model.safetensors` at load (default `false`; backend native at
+    /// int8 only, else [`Error::InvalidOption`]): the same vectors, bit for bit, loaded
+    /// with no fp32 to read or quantize. The file's own options (its embedding table, outlier
+    /// channels) apply; a file made for another `config.json` is
+    /// [`Error::WeightsMismatch`]. Never chosen by the loader on its own.
+    pub fn prequantized(mut self, enabled: bool) -> Self {
+        self.prequantized = enabled;
+        self
+    }
+
     /// Batch limits of the pipeline (`None`, the default: the backend's advice).
     pub fn batching(mut self, batching: impl Into<Option<BatchOptions>>) -> Self {
         self.batching = batching.into();
@@ -454,6 +467,13 @@ impl EmbedderConfig {
                 reason,
             })
         };
+        if self.prequantized && self.backend != BackendKind::Native {
+            refuse(
+                "prequantized",
+                "true".into(),
+                "ruri's int8 file is read by backend native",
+            )?;
+        }
         match self.backend {
             BackendKind::Ort => match (self.precision, self.graph) {
                 (Precision::Bf16, _) => refuse(
@@ -484,6 +504,13 @@ impl EmbedderConfig {
                 self.refuse_ort_options(false)?;
             }
             BackendKind::Native => {
+                if self.prequantized && self.precision != Precision::Int8 {
+                    refuse(
+                        "prequantized",
+                        "true".into(),
+                        "ruri's int8 file holds int8 weights: precision int8",
+                    )?;
+                }
                 if matches!(self.precision, Precision::Fp16 | Precision::Bf16) {
                     refuse(
                         "precision",
@@ -602,7 +629,9 @@ impl EmbedderConfig {
                     .map_err(|e| name_ort_for_onnx_only(BackendKind::Candle, e))
             }
             BackendKind::Native => {
-                refuse_onnx_only(BackendKind::Native, &target)?;
+                if !self.prequantized {
+                    refuse_onnx_only(BackendKind::Native, &target)?;
+                }
                 self.load_native(target)
                     .map_err(|e| name_ort_for_onnx_only(BackendKind::Native, e))
             }
@@ -619,7 +648,8 @@ impl EmbedderConfig {
                     unreachable!("validate refuses fp16 and bf16 on native")
                 }
             })
-            .whitespace(self.whitespace);
+            .whitespace(self.whitespace)
+            .prequantized(self.prequantized);
         if let Some(threads) = self.threads {
             builder = builder.threads(threads);
         }
@@ -1085,6 +1115,39 @@ mod tests {
                 "{config:?}"
             );
         }
+    }
+
+    /// ruri's int8 file is the native engine's, at int8: any other combination is refused
+    /// before anything is read.
+    #[test]
+    fn prequantized_needs_native_at_int8() {
+        let wanted = EmbedderConfig::new().prequantized(true);
+        for config in [
+            wanted
+                .clone()
+                .backend(BackendKind::Ort)
+                .precision(Precision::Int8),
+            wanted.clone().backend(BackendKind::Candle),
+            wanted
+                .clone()
+                .backend(BackendKind::Native)
+                .precision(Precision::Fp32),
+        ] {
+            assert!(
+                matches!(
+                    config.validate(),
+                    Err(Error::InvalidOption {
+                        name: "prequantized",
+                        ..
+                    })
+                ),
+                "{config:?}"
+            );
+        }
+        let native = wanted
+            .backend(BackendKind::Native)
+            .precision(Precision::Int8);
+        assert_eq!(native.validate().is_ok(), BackendKind::Native.is_compiled());
     }
 
     #[test]

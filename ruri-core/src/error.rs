@@ -69,6 +69,22 @@ pub enum Error {
         /// The feature.
         what: String,
     },
+    /// A weights file made for another model or with other options than the ones asked for
+    /// (ruri's int8 file, `model.ruri-int8.safetensors`, records both): never loaded as if
+    /// it matched.
+    #[error("{path} was made with {what} = {in_file}, but {wanted_by} asks for {wanted}")]
+    WeightsMismatch {
+        /// The weights file.
+        path: PathBuf,
+        /// What differs (`"hidden_size"`, `"embedding_table"`, `"precision"`, …).
+        what: &'static str,
+        /// Its value in the file.
+        in_file: String,
+        /// The value asked for.
+        wanted: String,
+        /// Who asks for it (`"config.json"`, `"the builder"`).
+        wanted_by: &'static str,
+    },
     /// `tokenizer.json` exists but cannot be loaded.
     #[error("invalid tokenizer file {path}")]
     InvalidTokenizer {

@@ -60,10 +60,12 @@ impl Dtype {
 /// count times the width is `end − start` and fits in `usize`, and `data_start + end` is
 /// within the file. So every product of its dimensions, and every offset inside it, can be
 /// computed later without overflow.
+/// `D`: the dtypes the reader knows ([`Dtype`] for a checkpoint's floats;
+/// [`parse_header_with`] takes others).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TensorEntry {
+pub struct TensorEntry<D = Dtype> {
     /// The dtype.
-    pub dtype: Dtype,
+    pub dtype: D,
     /// The shape.
     pub shape: Vec<usize>,
     /// First byte, relative to the start of the data.
@@ -72,7 +74,7 @@ pub struct TensorEntry {
     pub end: u64,
 }
 
-impl TensorEntry {
+impl<D> TensorEntry<D> {
     /// The element count (cannot overflow: checked at parse).
     pub fn count(&self) -> usize {
         self.shape.iter().product()
@@ -108,6 +110,32 @@ pub fn parse_header(
     data_start: u64,
     file_len: u64,
 ) -> Result<HashMap<String, TensorEntry>> {
+    let float = |name: &str| {
+        let dtype = match name {
+            "F32" => Dtype::F32,
+            "F16" => Dtype::F16,
+            "BF16" => Dtype::Bf16,
+            _ => return None,
+        };
+        Some((dtype, dtype.width()))
+    };
+    Ok(parse_header_with(path, header, data_start, file_len, float)?.0)
+}
+
+/// A header's `__metadata__`: string keys and values.
+pub type Metadata = HashMap<String, String>;
+
+/// The tensors of the header JSON `header` whose dtype `dtype` knows (it maps the header's
+/// name, e.g. `"I8"`, to a dtype and its width in bytes; others are left out), each checked
+/// as [`parse_header`] checks them, and the string entries of its `__metadata__` (empty when
+/// it has none; values that are not strings are left out).
+pub fn parse_header_with<D>(
+    path: &Path,
+    header: &[u8],
+    data_start: u64,
+    file_len: u64,
+    dtype: impl Fn(&str) -> Option<(D, usize)>,
+) -> Result<(HashMap<String, TensorEntry<D>>, Metadata)> {
     let invalid = |reason: String| Error::InvalidConfig {
         path: path.to_path_buf(),
         reason,
@@ -115,15 +143,24 @@ pub fn parse_header(
     let header: HashMap<String, serde_json::Value> = serde_json::from_slice(header)
         .map_err(|e| invalid(format!("the safetensors header is not JSON: {e}")))?;
     let mut entries = HashMap::new();
+    let mut metadata = HashMap::new();
     for (name, value) in header {
         if name == "__metadata__" {
+            if let Some(object) = value.as_object() {
+                for (key, value) in object {
+                    if let Some(value) = value.as_str() {
+                        metadata.insert(key.clone(), value.to_owned());
+                    }
+                }
+            }
             continue;
         }
-        if let Some(entry) = parse_entry(&name, &value, data_start, file_len).map_err(invalid)? {
+        let entry = parse_entry(&name, &value, data_start, file_len, &dtype).map_err(invalid)?;
+        if let Some(entry) = entry {
             entries.insert(name, entry);
         }
     }
-    Ok(entries)
+    Ok((entries, metadata))
 }
 
 /// Every tensor `config` implies is in `entries` (under `prefix`) with its shape, else
@@ -155,24 +192,23 @@ pub fn check_tensors(
     Ok(())
 }
 
-/// One header entry: `None` for a tensor of a dtype ModernBERT never has; an error when it
+/// One header entry: `None` for a tensor of a dtype `dtype` does not know; an error when it
 /// is malformed or its offsets or shape do not fit the file.
-fn parse_entry(
+fn parse_entry<D>(
     name: &str,
     value: &serde_json::Value,
     data_start: u64,
     file_len: u64,
-) -> std::result::Result<Option<TensorEntry>, String> {
+    dtype: impl Fn(&str) -> Option<(D, usize)>,
+) -> std::result::Result<Option<TensorEntry<D>>, String> {
     let bad = || format!("the header entry of {name} is malformed");
-    let dtype = match value
-        .get("dtype")
-        .and_then(|d| d.as_str())
-        .ok_or_else(bad)?
-    {
-        "F32" => Dtype::F32,
-        "F16" => Dtype::F16,
-        "BF16" => Dtype::Bf16,
-        _ => return Ok(None),
+    let Some((dtype, width)) = dtype(
+        value
+            .get("dtype")
+            .and_then(|d| d.as_str())
+            .ok_or_else(bad)?,
+    ) else {
+        return Ok(None);
     };
     let shape = value
         .get("shape")
@@ -202,7 +238,7 @@ fn parse_entry(
     let bytes = shape
         .iter()
         .try_fold(1usize, |n, &d| n.checked_mul(d))
-        .and_then(|n| n.checked_mul(dtype.width()))
+        .and_then(|n| n.checked_mul(width))
         .ok_or_else(misfit)?;
     let fits = end
         .checked_sub(start)
@@ -229,7 +265,13 @@ mod tests {
         file_len: u64,
     ) -> std::result::Result<Option<TensorEntry>, String> {
         let value: serde_json::Value = serde_json::from_str(json).unwrap();
-        parse_entry("t", &value, data_start, file_len)
+        let float = |name: &str| match name {
+            "F32" => Some((Dtype::F32, 4)),
+            "F16" => Some((Dtype::F16, 2)),
+            "BF16" => Some((Dtype::Bf16, 2)),
+            _ => None,
+        };
+        parse_entry("t", &value, data_start, file_len, float)
     }
 
     #[test]
@@ -297,6 +339,24 @@ mod tests {
                 Ok(e) => panic!("accepted {json}: {e:?}"),
             }
         }
+    }
+
+    #[test]
+    fn other_dtypes_and_the_metadata_parse_on_request() {
+        let header = br#"{"__metadata__":{"format":"x","n":3},
+            "a":{"dtype":"I8","shape":[3],"data_offsets":[0,3]},
+            "b":{"dtype":"F32","shape":[1],"data_offsets":[3,7]}}"#;
+        let path = Path::new("f.safetensors");
+        let int8 = |name: &str| (name == "I8").then_some(((), 1));
+        let (entries, metadata) = parse_header_with(path, header, 8, 15, int8).unwrap();
+        assert_eq!(entries.keys().collect::<Vec<_>>(), ["a"]);
+        assert_eq!(entries["a"].bytes(), 3);
+        // Non-string values are left out.
+        assert_eq!(metadata, Metadata::from([("format".into(), "x".into())]));
+        // The same checks: an I8 tensor past the end of the file.
+        assert!(parse_header_with(path, header, 8, 10, int8).is_err());
+        // The float reader skips the I8 tensor.
+        assert_eq!(parse_header(path, header, 8, 15).unwrap().len(), 1);
     }
 
     #[test]

@@ -31,7 +31,8 @@ impl NativeBuilder {
     pub fn build_from_hub(self, repo: impl Into<HubRepo>) -> Result<TextEmbedder> {
         let dir = repo.into().snapshot(|files| {
             let mut wanted = files.config_files()?;
-            wanted.push(files.require("model.safetensors")?);
+            // The weights file the builder reads (ruri's int8 file with `prequantized`).
+            wanted.push(files.require(self.weights_name())?);
             Ok(wanted)
         })?;
         self.build_from_dir(dir)

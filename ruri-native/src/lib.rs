@@ -52,6 +52,59 @@
 //! fp32 vectors depend on the CPU's instructions (FMA or not), within 1e-5 of
 //! sentence-transformers.
 //!
+//! # ruri's int8 file
+//!
+//! [`NativeBuilder::write_int8_file`] (the command `ruri quantize MODEL_DIR`) writes what an
+//! int8 load makes from `model.safetensors` into [`INT8_FILE`], `model.ruri-int8.safetensors`
+//! (≈ 36 MiB for Ruri v3 30m with the int8 table, against 147 MB of fp32);
+//! [`NativeBuilder::prequantized`] reads it instead of quantizing, to the same vectors, bit
+//! for bit, on every kernel (`tests/prequant.rs`). A load then decodes no fp32 and
+//! quantizes nothing: it reads the int8 rows and packs them for the kernel.
+//!
+//! * **A plain safetensors file**, so that any safetensors reader opens it: tensors I8, F32
+//!   and I32; `__metadata__` = `format: "ruri-int8"`, `format_version: "1"` ([`INT8_FORMAT`],
+//!   [`INT8_FORMAT_VERSION`]), the options that change the numbers (`embedding_table`:
+//!   `int8`|`f32`, `outlier_channels`: `true`|`false`), the model's shape (`hidden_size`,
+//!   `intermediate_size`, `num_hidden_layers`, `num_attention_heads`, `vocab_size`) and
+//!   `writer`. The kernel and the threads are not recorded: they change no bit.
+//! * **What quantization produced, in the natural order**, not a kernel's packed layout
+//!   (packing is per kernel and cheap): per linear layer `L` (`layers.N.attn.Wqkv`, …) the
+//!   weights `L.weight` (I8 `[n, k]`, outlier channels 0), `L.weight_scale` (F32 `[n]`),
+//!   `L.outlier_channels` (I32 `[m]`, ascending) and `L.outlier_weight` (F32 `[m, n]`); a
+//!   layer split into two int8 products has `L.main.*` and `L.side.*` instead (`weight`,
+//!   `weight_scale`, and `columns`, I32: the input channels each reads). The norms as F32
+//!   under the checkpoint's names; the table as I8 rows + `…tok_embeddings.weight_scale`, or
+//!   F32. The MLP's units are in the loader's order (writer units last; `mlp.Wi`'s rows and
+//!   `mlp.Wo`'s columns permuted alike: the same function).
+//! * **Never used with other options or another model**: the options the builder leaves
+//!   unset follow the file; one set to another value, [`Precision::Fp32`], or a
+//!   `config.json` of another shape is [`Error::WeightsMismatch`](ruri_core::Error::WeightsMismatch),
+//!   naming both values; another `format_version` is
+//!   [`Error::Unsupported`](ruri_core::Error::Unsupported); a missing tensor, a wrong dtype or
+//!   shape, channel indices out of order, a file cut short is
+//!   [`Error::InvalidConfig`](ruri_core::Error::InvalidConfig).
+//! * **Chosen explicitly from a folder** ([`NativeBuilder::prequantized`], the facade's
+//!   `EmbedderConfig::prequantized`, `--prequantized`); never picked up by itself, and
+//!   [`NativeBackend::weights_file`] names the file read. Bytes ([`NativeBackend::from_bytes`],
+//!   a [`Loader`]: WebAssembly) are recognized by their header's `format`.
+//!
+//! ```
+//! # let tiny = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/tiny");
+//! # let folder = tempfile::tempdir().unwrap();
+//! # let keep = |f: &str| f != "model.safetensors" && !f.starts_with("onnx/");
+//! # ruri_testkit::copy_model(tiny.as_ref(), folder.path(), &keep);
+//! use ruri_native::{EmbeddingTable, INT8_FILE};
+//!
+//! // Once: model.safetensors → model.ruri-int8.safetensors (`ruri quantize` does the same).
+//! let writer = ruri_native::builder().embedding_table(EmbeddingTable::Int8);
+//! writer.write_int8_file(tiny, folder.path().join(INT8_FILE))?;
+//! // Every load after: the int8 file alone (this folder has no model.safetensors).
+//! let embedder = ruri_native::builder().prequantized(true).build_from_dir(folder.path())?;
+//! let at_load = writer.build_from_dir(tiny)?;
+//! assert_eq!(embedder.embed_query("瑠璃色")?, at_load.embed_query("瑠璃色")?);
+//! # Ok::<(), ruri_core::Error>(())
+//! ```
+//!
 //! # Threads
 //!
 //! A batch with several texts is split into groups of whole texts, one per thread, each
@@ -77,10 +130,12 @@ mod kernels;
 mod linear;
 mod math;
 mod model;
+mod prequant;
 mod stream;
 mod weights;
 
 pub use kernels::Kernel;
+pub use prequant::{FORMAT as INT8_FORMAT, INT8_FILE, VERSION as INT8_FORMAT_VERSION};
 pub use stream::Loader;
 
 /// The int8 GEMM alone (and the fp32 GEMM, the GeGLU), for the kernel benchmarks
@@ -209,8 +264,8 @@ use ruri_core::{
 };
 
 use model::LoadOptions;
-use model::{Model, Packed, bad_id};
-use weights::Safetensors;
+use model::{EMBEDDINGS, Model, Packed, bad_id};
+use weights::{Header, Safetensors, Source};
 
 /// A lone text (or batch of one group) splits its rows and heads over the workers from this
 /// many tokens on.
@@ -272,7 +327,9 @@ pub struct NativeBuilder {
     outliers: Option<bool>,
     batching: Option<BatchOptions>,
     whitespace: Whitespace,
-    table: EmbeddingTable,
+    /// `None`: [`EmbeddingTable::F32`], or what ruri's int8 file holds.
+    table: Option<EmbeddingTable>,
+    prequantized: bool,
 }
 
 impl NativeBuilder {
@@ -309,9 +366,24 @@ impl NativeBuilder {
         self
     }
 
-    /// How the token-embedding table is held (default [`EmbeddingTable::F32`]).
+    /// How the token-embedding table is held (default [`EmbeddingTable::F32`]; from ruri's
+    /// int8 file, what the file holds).
     pub fn embedding_table(mut self, table: EmbeddingTable) -> Self {
-        self.table = table;
+        self.table = Some(table);
+        self
+    }
+
+    /// Load ruri's int8 file, [`INT8_FILE`] (`model.ruri-int8.safetensors`, written by
+    /// [`write_int8_file`](Self::write_int8_file) or `ruri quantize`), instead of quantizing
+    /// `model.safetensors` (default `false`): the same vectors, bit for bit, with no fp32
+    /// to read or quantize. The file's options (embedding table, outlier channels) apply; one
+    /// set here to another value, or [`Precision::Fp32`], is
+    /// [`Error::WeightsMismatch`](ruri_core::Error::WeightsMismatch), and a file made for
+    /// another `config.json` too. [`NativeBackend::weights_file`] says which file was read.
+    /// (Bytes given to [`NativeBackend::from_bytes`] or a [`Loader`] are recognized by their
+    /// header: either kind is read, with the same checks.)
+    pub fn prequantized(mut self, enabled: bool) -> Self {
+        self.prequantized = enabled;
         self
     }
 
@@ -321,7 +393,91 @@ impl NativeBuilder {
         self
     }
 
-    /// Opens the model folder and prepares the weights of `model.safetensors`.
+    /// Writes ruri's int8 file of the model folder `dir` (its `config.json` and
+    /// `model.safetensors`) to `out` (in the folder, name it [`INT8_FILE`] so that
+    /// [`prequantized`](Self::prequantized) finds it): the int8 weights a load with this
+    /// builder's options would make. The file appears whole or not at all (written beside
+    /// `out`, then renamed). Returns its size in bytes. Only the options that change the
+    /// numbers are recorded (embedding table, outlier channels); the precision must be
+    /// int8.
+    pub fn write_int8_file(&self, dir: impl AsRef<Path>, out: impl AsRef<Path>) -> Result<u64> {
+        let dir = ModelDir::open(dir)?;
+        let config = dir.config();
+        config.check_supported(&dir.path().join("config.json"))?;
+        let path = dir.file("model.safetensors")?;
+        let bytes = self.quantize(config, path.clone(), weights::open_file(&path)?)?;
+        let out = out.as_ref();
+        let mut partial = out.as_os_str().to_owned();
+        partial.push(".partial");
+        let partial = PathBuf::from(partial);
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| Error::Io { path, source }
+        };
+        std::fs::write(&partial, &bytes).map_err(io(&partial))?;
+        std::fs::rename(&partial, out).map_err(io(out))?;
+        Ok(bytes.len() as u64)
+    }
+
+    /// ruri's int8 file, as bytes, from a `config.json` text and the bytes of
+    /// `model.safetensors` ([`write_int8_file`](Self::write_int8_file) without a file
+    /// system).
+    pub fn int8_file_bytes(
+        &self,
+        config_json: &str,
+        safetensors: impl Into<std::sync::Arc<[u8]>>,
+    ) -> Result<Vec<u8>> {
+        let config = ruri_core::ModelConfig::from_json_str(config_json, "config.json")?;
+        config.check_supported(Path::new("config.json"))?;
+        let source = Source::Bytes(safetensors.into());
+        self.quantize(&config, PathBuf::from("model.safetensors"), source)
+    }
+
+    fn quantize(
+        &self,
+        config: &ruri_core::ModelConfig,
+        path: PathBuf,
+        source: Source,
+    ) -> Result<Vec<u8>> {
+        if self.precision != Precision::Int8 {
+            return Err(Error::InvalidOption {
+                name: "precision",
+                value: self.precision.to_string(),
+                reason: "ruri's int8 file holds int8 weights: quantize at int8",
+            });
+        }
+        let header = Header::read(&path, &source)?;
+        if prequant::is_int8_file(&path, &header)? {
+            return Err(Error::InvalidConfig {
+                path,
+                reason: "already ruri's int8 file; quantize model.safetensors".into(),
+            });
+        }
+        let weights = Safetensors::from_header(path, source, &header, config)?;
+        let (options, threads) = NativeBackend::options(self)?;
+        let quantized = Model::quantize(config, &weights, options, threads)?;
+        let table = match options.table {
+            EmbeddingTable::Int8 => None,
+            EmbeddingTable::F32 => {
+                let mut rows = Vec::new();
+                weights.read_rows_into(EMBEDDINGS, 0, config.vocab_size, &mut rows)?;
+                Some(rows)
+            }
+        };
+        Ok(prequant::write(config, &options, quantized, table))
+    }
+
+    /// The weights file this builder reads from a folder.
+    fn weights_name(&self) -> &'static str {
+        if self.prequantized {
+            INT8_FILE
+        } else {
+            "model.safetensors"
+        }
+    }
+
+    /// Opens the model folder and prepares the weights of `model.safetensors` (or, with
+    /// [`prequantized`](Self::prequantized), reads ruri's int8 file).
     pub fn build_from_dir(self, dir: impl AsRef<Path>) -> Result<TextEmbedder> {
         let dir = ModelDir::open(dir)?;
         let embedder =
@@ -341,17 +497,19 @@ pub struct NativeBackend {
 }
 
 impl NativeBackend {
-    /// Loads `model.safetensors` of `dir` as `builder` says.
+    /// Loads `model.safetensors` of `dir` as `builder` says (or [`INT8_FILE`] with
+    /// [`NativeBuilder::prequantized`]).
     pub fn load(dir: &ModelDir, builder: &NativeBuilder) -> Result<Self> {
-        let weights = dir.file("model.safetensors")?;
+        let weights = dir.file(builder.weights_name())?;
         let config_path = dir.path().join("config.json");
         dir.config().check_supported(&config_path)?;
-        let safetensors = Safetensors::open(&weights, dir.config())?;
-        Self::prepare(dir.config(), safetensors, builder, weights)
+        let source = weights::open_file(&weights)?;
+        Self::open(dir.config(), source, builder, weights)
     }
 
-    /// A backend from a `config.json` text and the bytes of `model.safetensors`, with no
-    /// file system (WebAssembly hosts pass both in): hand it to
+    /// A backend from a `config.json` text and the bytes of `model.safetensors` or of
+    /// ruri's int8 file (told apart by the header's metadata), with no file system
+    /// (WebAssembly hosts pass both in): hand it to
     /// [`TextEmbedder::new`](ruri_core::TextEmbedder::new) with a tokenizer. Errors as
     /// [`load`](Self::load)'s; the bytes are read in place, not copied.
     pub fn from_bytes(
@@ -362,12 +520,11 @@ impl NativeBackend {
         let config = ruri_core::ModelConfig::from_json_str(config_json, "config.json")?;
         config.check_supported(Path::new("config.json"))?;
         let label = PathBuf::from("model.safetensors");
-        let safetensors = Safetensors::from_bytes(label.clone(), safetensors.into(), &config)?;
-        Self::prepare(&config, safetensors, builder, label)
+        Self::open(&config, Source::Bytes(safetensors.into()), builder, label)
     }
 
     /// Starts a backend from a `config.json` text, to be fed the bytes of
-    /// `model.safetensors` in order, in chunks of any size ([`Loader::push`]), and made by
+    /// `model.safetensors` (or of ruri's int8 file, told apart by its header) in order, in chunks of any size ([`Loader::push`]), and made by
     /// [`Loader::finish`]: each tensor is prepared as soon as its bytes are in and then
     /// dropped, so the file is never held whole (WebAssembly hosts stream it). The same
     /// prepared weights, and the same errors, as [`from_bytes`](Self::from_bytes) with the
@@ -376,7 +533,14 @@ impl NativeBackend {
         let config = ruri_core::ModelConfig::from_json_str(config_json, "config.json")?;
         config.check_supported(Path::new("config.json"))?;
         let (options, threads) = Self::options(builder)?;
-        Ok(Loader::new(config, options, threads, builder.precision))
+        Ok(Loader::new(
+            config,
+            options,
+            threads,
+            builder.precision,
+            builder.table,
+            builder.outliers,
+        ))
     }
 
     /// The builder's options, checked, and its worker threads.
@@ -403,20 +567,46 @@ impl NativeBackend {
             precision: builder.precision,
             kernel,
             outliers: builder.outliers.unwrap_or(true),
-            table: builder.table,
+            table: builder.table.unwrap_or_default(),
         };
         Ok((options, threads))
     }
 
-    fn prepare(
+    /// The weights of `source` (`path` names it): a checkpoint, quantized as `builder`
+    /// says, or ruri's int8 file, read (its header says which).
+    fn open(
         config: &ruri_core::ModelConfig,
-        safetensors: Safetensors,
+        source: Source,
         builder: &NativeBuilder,
-        weights: PathBuf,
+        path: PathBuf,
     ) -> Result<Self> {
+        let header = Header::read(&path, &source)?;
         let (options, threads) = Self::options(builder)?;
+        if prequant::is_int8_file(&path, &header)? {
+            // Bytes are named by what they are, in errors and `weights_file`.
+            let path = match source {
+                Source::Bytes(_) => PathBuf::from(INT8_FILE),
+                Source::File(_) => path,
+            };
+            let file = prequant::file_options(&path, &header, config)?;
+            let options = file.resolve(&path, options, builder.table, builder.outliers)?;
+            let plan = prequant::Plan::new(&path, &header, config, file)?;
+            let model = prequant::load(path.clone(), source, &plan, config, options, threads)?;
+            return Self::with_model(model, threads, path, Precision::Int8);
+        }
+        if builder.prequantized {
+            return Err(Error::InvalidConfig {
+                path,
+                reason: format!(
+                    "not ruri's int8 file (its __metadata__ has no format = {}; \
+                     `ruri quantize` writes one)",
+                    prequant::FORMAT
+                ),
+            });
+        }
+        let safetensors = Safetensors::from_header(path.clone(), source, &header, config)?;
         let model = Model::load(config, safetensors, options, threads)?;
-        Self::with_model(model, threads, weights, builder.precision)
+        Self::with_model(model, threads, path, builder.precision)
     }
 
     fn with_model(

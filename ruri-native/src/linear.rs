@@ -155,16 +155,42 @@ fn grow<T: Copy + Default>(v: &mut Vec<T>, len: usize) {
     }
 }
 
-impl Int8 {
-    /// From `n × k` fp32 weights (their outlier columns are zeroed in place).
-    fn new(
-        kernel: Kernel,
-        w: &mut [f32],
-        n: usize,
-        k: usize,
-        outliers: Vec<usize>,
-        q: &mut Vec<i8>,
-    ) -> Self {
+/// One int8 product as quantization made it, in the weights' natural order: what ruri's int8
+/// file stores (the kernel's packed layout is made from it at load, per kernel).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Int8Parts {
+    /// Output channels.
+    pub(crate) n: usize,
+    /// Input channels of the product (`columns.len()` when `columns` is given).
+    pub(crate) k: usize,
+    /// `n × k`, row-major; outlier channels zero.
+    pub(crate) q: Vec<i8>,
+    /// One per output channel: `w ≈ q · s`.
+    pub(crate) scales: Vec<f32>,
+    /// Input channels computed in f32, ascending (only when `columns` is `None`).
+    pub(crate) outliers: Vec<usize>,
+    /// `outliers.len() × n`: their f32 weights, one row per outlier channel.
+    pub(crate) outlier_w: Vec<f32>,
+    /// The input channels read, ascending (a split's group); `None`: all `k`.
+    pub(crate) columns: Option<Vec<usize>>,
+}
+
+/// A linear layer's int8 weights before packing: one product, or a split's two.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum LinearParts {
+    Int8(Int8Parts),
+    Split { main: Int8Parts, side: Int8Parts },
+}
+
+/// `values` strictly ascending and below `limit`.
+fn ascending_below(values: &[usize], limit: usize) -> bool {
+    values.windows(2).all(|p| p[0] < p[1]) && values.last().is_none_or(|&v| v < limit)
+}
+
+impl Int8Parts {
+    /// From `n × k` fp32 weights (their outlier columns are zeroed in place); `q` becomes
+    /// the quantized weights (a buffer reused from layer to layer).
+    fn quantize(w: &mut [f32], n: usize, k: usize, outliers: Vec<usize>, mut q: Vec<i8>) -> Self {
         let mut outlier_w = vec![0.0f32; outliers.len() * n];
         for (j, row) in w.chunks_exact_mut(k).enumerate() {
             for (i, &c) in outliers.iter().enumerate() {
@@ -179,13 +205,75 @@ impl Int8 {
             .zip(q.chunks_exact_mut(k))
             .map(|(row, out)| quantize_row(row, out).0)
             .collect();
-        Int8 {
-            packed: PackedWeights::pack(kernel, q, n, k, scales),
+        Int8Parts {
+            n,
+            k,
+            q,
+            scales,
             outliers,
             outlier_w,
-            columns: Columns::All,
-            k_in: k,
+            columns: None,
         }
+    }
+
+    /// Why these parts (read from a file) cannot be a product over `k_in` input channels.
+    fn check(&self, k_in: usize) -> Result<(), String> {
+        let (n, k) = (self.n, self.k);
+        if n.checked_mul(k) != Some(self.q.len()) || self.scales.len() != n {
+            return Err(format!(
+                "{} weights and {} scales for {n} × {k}",
+                self.q.len(),
+                self.scales.len()
+            ));
+        }
+        if !ascending_below(&self.outliers, k)
+            || self.outliers.len().checked_mul(n) != Some(self.outlier_w.len())
+        {
+            return Err(format!(
+                "outlier channels {:?} (not ascending below {k}, or not one weight row each)",
+                self.outliers
+            ));
+        }
+        match &self.columns {
+            None if k == k_in => Ok(()),
+            Some(c) if c.len() == k && ascending_below(c, k_in) && self.outliers.is_empty() => {
+                Ok(())
+            }
+            _ => Err(format!(
+                "{k} input channels of {k_in} without their columns"
+            )),
+        }
+    }
+}
+
+impl Int8 {
+    /// Packs `parts` (checked) for `kernel`, over input rows `k_in` wide; their weight
+    /// buffer goes back to `spare`.
+    fn from_parts(
+        kernel: Kernel,
+        parts: Int8Parts,
+        k_in: usize,
+        spare: &mut Vec<i8>,
+    ) -> Result<Self, String> {
+        parts.check(k_in)?;
+        let Int8Parts {
+            n,
+            k,
+            q,
+            scales,
+            outliers,
+            outlier_w,
+            columns,
+        } = parts;
+        let packed = PackedWeights::pack(kernel, &q, n, k, scales);
+        *spare = q;
+        Ok(Int8 {
+            packed,
+            outliers,
+            outlier_w,
+            columns: columns.map_or(Columns::All, Columns::from_sorted),
+            k_in,
+        })
     }
 
     fn heap_bytes(&self) -> usize {
@@ -261,6 +349,7 @@ impl Linear {
 
     /// An int8 layer from `n × k` fp32 weights (their outlier columns are zeroed in place);
     /// `outliers` as [`detect_outliers`] gives. `q` is scratch, reused from layer to layer.
+    #[cfg(test)]
     pub(crate) fn int8(
         kernel: Kernel,
         w: &mut [f32],
@@ -269,12 +358,25 @@ impl Linear {
         outliers: Vec<usize>,
         q: &mut Vec<i8>,
     ) -> Self {
-        Linear::Int8(Int8::new(kernel, w, n, k, outliers, q))
+        let parts = Self::quantize_int8(w, n, k, outliers, q);
+        Self::from_parts(kernel, parts, q).expect("quantize_int8 makes consistent parts")
+    }
+
+    /// [`Linear::int8`]'s weights, before packing.
+    pub(crate) fn quantize_int8(
+        w: &mut [f32],
+        n: usize,
+        k: usize,
+        outliers: Vec<usize>,
+        q: &mut Vec<i8>,
+    ) -> LinearParts {
+        LinearParts::Int8(Int8Parts::quantize(w, n, k, outliers, std::mem::take(q)))
     }
 
     /// Two int8 products from `n × k` fp32 weights: the columns `side` (ascending, as
     /// [`detect_writers`] gives) and the others, each quantized on its own. Contiguous
     /// groups are read in place (the loader permutes the MLP's units so that they are).
+    #[cfg(test)]
     pub(crate) fn int8_split(
         kernel: Kernel,
         w: &[f32],
@@ -283,6 +385,18 @@ impl Linear {
         side: Vec<usize>,
         q: &mut Vec<i8>,
     ) -> Self {
+        let parts = Self::quantize_split(w, n, k, side, q);
+        Self::from_parts(kernel, parts, q).expect("quantize_split makes consistent parts")
+    }
+
+    /// [`Linear::int8_split`]'s weights, before packing.
+    pub(crate) fn quantize_split(
+        w: &[f32],
+        n: usize,
+        k: usize,
+        side: Vec<usize>,
+        q: &mut Vec<i8>,
+    ) -> LinearParts {
         let mut is_side = vec![false; k];
         side.iter().for_each(|&c| is_side[c] = true);
         let main: Vec<usize> = (0..k).filter(|&c| !is_side[c]).collect();
@@ -291,14 +405,51 @@ impl Linear {
             for row in w.chunks_exact(k).take(n) {
                 sub.extend(columns.iter().map(|&c| row[c]));
             }
-            let mut part = Int8::new(kernel, &mut sub, n, columns.len(), Vec::new(), q);
-            part.columns = Columns::from_sorted(columns);
-            part.k_in = k;
+            let mut part =
+                Int8Parts::quantize(&mut sub, n, columns.len(), Vec::new(), std::mem::take(q));
+            part.columns = Some(columns);
             part
         };
-        Linear::Split {
+        LinearParts::Split {
             main: part(main, q),
             side: part(side, q),
+        }
+    }
+
+    /// The layer `parts` make, packed for `kernel` (weight buffers back to `spare`); an
+    /// error says why parts read from a file do not make one.
+    pub(crate) fn from_parts(
+        kernel: Kernel,
+        parts: LinearParts,
+        spare: &mut Vec<i8>,
+    ) -> Result<Self, String> {
+        match parts {
+            LinearParts::Int8(p) => {
+                let k = p.k;
+                Ok(Linear::Int8(Int8::from_parts(kernel, p, k, spare)?))
+            }
+            LinearParts::Split { main, side } => {
+                // The two groups partition the input channels.
+                let k_in = main
+                    .k
+                    .checked_add(side.k)
+                    .ok_or("too many input channels")?;
+                let mut seen = vec![false; k_in];
+                for &c in main.columns.iter().chain(&side.columns).flatten() {
+                    if c >= k_in || std::mem::replace(&mut seen[c], true) {
+                        return Err(format!(
+                            "the two column groups do not partition 0..{k_in} (column {c})"
+                        ));
+                    }
+                }
+                if main.columns.is_none() || side.columns.is_none() || main.k == 0 || side.k == 0 {
+                    return Err("a split's group without columns".into());
+                }
+                Ok(Linear::Split {
+                    main: Int8::from_parts(kernel, main, k_in, spare)?,
+                    side: Int8::from_parts(kernel, side, k_in, spare)?,
+                })
+            }
         }
     }
 

@@ -11,8 +11,8 @@ use crate::attention::{AttentionScratch, Head, attend_head};
 use crate::kernels::Kernel;
 use crate::kernels::simd_f32;
 use crate::linear::{
-    Linear, LinearScratch, MlpScratch, PARALLEL_MIN_ROWS, detect_outliers, detect_writers,
-    geglu_mlp, quantize_row,
+    Linear, LinearParts, LinearScratch, MlpScratch, PARALLEL_MIN_ROWS, detect_outliers,
+    detect_writers, geglu_mlp, quantize_row,
 };
 use crate::weights::Safetensors;
 use crate::{EmbeddingTable, Precision};
@@ -149,19 +149,51 @@ enum Table {
     Int8 { q: Vec<i8>, scales: Vec<f32> },
 }
 
+/// A linear layer as the [`Assembler`] holds it: packed for the kernel, or (for the writer
+/// of ruri's int8 file) its int8 weights before packing.
+#[derive(Debug)]
+enum Prepared {
+    Packed(Linear),
+    Parts(LinearParts),
+}
+
 /// One layer's tensors as they are prepared, in any order.
 #[derive(Debug, Default)]
 struct LayerParts {
     attn_norm: Option<Vec<f32>>,
-    wqkv: Option<Linear>,
-    wo: Option<Linear>,
+    wqkv: Option<Prepared>,
+    wo: Option<Prepared>,
     mlp_norm: Option<Vec<f32>>,
-    wi: Option<Linear>,
+    wi: Option<Prepared>,
     /// `mlp.Wi` received before `mlp.Wo` gave the order of its units: held until then.
     wi_raw: Option<Vec<f32>>,
     /// The order of the MLP's units, once `mlp.Wo` was seen (`Some(None)`: unchanged).
     units: Option<Option<Vec<usize>>>,
-    mlp_wo: Option<Linear>,
+    mlp_wo: Option<Prepared>,
+}
+
+/// The int8 weights of a whole model before packing, in the checkpoint's terms: what ruri's
+/// int8 file stores (`crate::prequant`).
+#[derive(Debug)]
+pub(crate) struct Quantized {
+    pub(crate) emb_norm: Vec<f32>,
+    pub(crate) final_norm: Vec<f32>,
+    pub(crate) layers: Vec<QuantizedLayer>,
+    /// [`EmbeddingTable::Int8`]'s rows and scales (empty for [`EmbeddingTable::F32`]).
+    pub(crate) table_q: Vec<i8>,
+    pub(crate) table_scales: Vec<f32>,
+}
+
+/// One layer of [`Quantized`].
+#[derive(Debug)]
+pub(crate) struct QuantizedLayer {
+    /// Layer 0 has none.
+    pub(crate) attn_norm: Option<Vec<f32>>,
+    pub(crate) mlp_norm: Vec<f32>,
+    pub(crate) wqkv: LinearParts,
+    pub(crate) wo: LinearParts,
+    pub(crate) wi: LinearParts,
+    pub(crate) mlp_wo: LinearParts,
 }
 
 /// Prepares the model's tensors one at a time, in whatever order they come (the order of
@@ -170,6 +202,8 @@ struct LayerParts {
 pub(crate) struct Assembler {
     config: ModelConfig,
     options: LoadOptions,
+    /// Keep the int8 weights unpacked ([`Assembler::finish_parts`]) instead of packing them.
+    keep_parts: bool,
     /// One int8 buffer for every layer's weights while they are prepared.
     q: Vec<i8>,
     emb_norm: Option<Vec<f32>>,
@@ -186,6 +220,7 @@ impl Assembler {
         Self {
             config: config.clone(),
             options,
+            keep_parts: false,
             q: Vec::new(),
             emb_norm: None,
             final_norm: None,
@@ -196,6 +231,12 @@ impl Assembler {
             table_q: Vec::new(),
             table_scales: Vec::new(),
         }
+    }
+
+    /// An assembler whose int8 layers stay unpacked, for [`Assembler::finish_parts`].
+    pub(crate) fn keeping_parts(mut self) -> Self {
+        self.keep_parts = true;
+        self
     }
 
     fn invalid(reason: String) -> Error {
@@ -289,7 +330,7 @@ impl Assembler {
         k: usize,
         reads_norm: bool,
         units: Option<&[usize]>,
-    ) -> Linear {
+    ) -> Prepared {
         let LoadOptions {
             precision,
             kernel,
@@ -304,14 +345,14 @@ impl Assembler {
                 permute_columns(w, k, units);
             }
         }
-        match precision {
-            Precision::Fp32 => Linear::fp32(w, n, k),
+        let parts = match precision {
+            Precision::Fp32 => return Prepared::Packed(Linear::fp32(w, n, k)),
             Precision::Int8 if outliers && !reads_norm => {
                 let writers = detect_writers(w, n, k);
                 if writers.is_empty() {
-                    Linear::int8(kernel, w, n, k, Vec::new(), q)
+                    Linear::quantize_int8(w, n, k, Vec::new(), q)
                 } else {
-                    Linear::int8_split(kernel, w, n, k, writers, q)
+                    Linear::quantize_split(w, n, k, writers, q)
                 }
             }
             Precision::Int8 => {
@@ -320,13 +361,65 @@ impl Assembler {
                 } else {
                     Vec::new()
                 };
-                Linear::int8(kernel, w, n, k, found, q)
+                Linear::quantize_int8(w, n, k, found, q)
             }
+        };
+        if self.keep_parts {
+            Prepared::Parts(parts)
+        } else {
+            Prepared::Packed(
+                Linear::from_parts(kernel, parts, q).expect("quantization makes consistent parts"),
+            )
         }
     }
 
+    /// One linear layer's int8 weights as ruri's int8 file stores them (`name`: the
+    /// checkpoint's, without `.weight`, e.g. `layers.0.attn.Wqkv`; shapes checked by the
+    /// caller), packed for the kernel.
+    pub(crate) fn quantized(&mut self, name: &str, parts: LinearParts) -> Result<()> {
+        let (n, rest) = name
+            .strip_prefix("layers.")
+            .and_then(|r| r.split_once('.'))
+            .and_then(|(n, rest)| Some((n.parse::<usize>().ok()?, rest)))
+            .filter(|&(n, _)| n < self.layers.len())
+            .ok_or_else(|| Self::invalid(format!("unexpected linear layer {name}")))?;
+        let linear = Linear::from_parts(self.options.kernel, parts, &mut self.q)
+            .map_err(|reason| Self::invalid(format!("the int8 weights of {name}: {reason}")))?;
+        let layer = &mut self.layers[n];
+        let slot = match rest {
+            "attn.Wqkv" => &mut layer.wqkv,
+            "attn.Wo" => &mut layer.wo,
+            "mlp.Wi" => &mut layer.wi,
+            "mlp.Wo" => &mut layer.mlp_wo,
+            _ => return Err(Self::invalid(format!("unexpected linear layer {name}"))),
+        };
+        *slot = Some(Prepared::Packed(linear));
+        Ok(())
+    }
+
+    /// The next whole rows of [`EmbeddingTable::Int8`]'s table, already quantized (ruri's
+    /// int8 file); their scales come through [`embedding_scales`](Self::embedding_scales).
+    pub(crate) fn embedding_rows_int8(&mut self, rows: &[i8]) -> Result<()> {
+        let cells = self
+            .config
+            .vocab_size
+            .saturating_mul(self.config.hidden_size);
+        if self.table_q.is_empty() {
+            self.table_q.try_reserve_exact(cells).map_err(|_| {
+                Self::invalid(format!("the tensor {EMBEDDINGS} does not fit in memory"))
+            })?;
+        }
+        self.table_q.extend_from_slice(rows);
+        Ok(())
+    }
+
+    /// [`EmbeddingTable::Int8`]'s scales, one a row (ruri's int8 file).
+    pub(crate) fn embedding_scales(&mut self, scales: Vec<f32>) {
+        self.table_scales = scales;
+    }
+
     /// Takes the layer tensors `other` prepared (of other layers than this one's).
-    fn absorb(&mut self, other: Assembler) {
+    pub(crate) fn absorb(&mut self, other: Assembler) {
         for (mine, theirs) in self.layers.iter_mut().zip(other.layers) {
             let LayerParts {
                 attn_norm,
@@ -405,6 +498,17 @@ impl Assembler {
             },
             _ => return Err(missing(EMBEDDINGS.into())),
         };
+        if let Table::Int8 { q, .. } = &table {
+            // Rows and scales may come apart (ruri's int8 file): both whole.
+            if q.len() != vocab * h {
+                return Err(missing(EMBEDDINGS.into()));
+            }
+        }
+        let packed = |p: Option<Prepared>, what: String| match p {
+            Some(Prepared::Packed(linear)) => Ok(linear),
+            // Only an assembler `keeping_parts` holds parts, and it ends in `finish_parts`.
+            Some(Prepared::Parts(_)) | None => Err(missing(what)),
+        };
         let mut layers = Vec::with_capacity(self.layers.len());
         for (n, (parts, &kind)) in self
             .layers
@@ -420,13 +524,13 @@ impl Assembler {
                     (_, Some(w)) => Some(w),
                     (_, None) => return Err(missing(p("attn_norm.weight"))),
                 },
-                wqkv: parts.wqkv.ok_or_else(|| missing(p("attn.Wqkv.weight")))?,
-                wo: parts.wo.ok_or_else(|| missing(p("attn.Wo.weight")))?,
+                wqkv: packed(parts.wqkv, p("attn.Wqkv.weight"))?,
+                wo: packed(parts.wo, p("attn.Wo.weight"))?,
                 mlp_norm: parts
                     .mlp_norm
                     .ok_or_else(|| missing(p("mlp_norm.weight")))?,
-                wi: parts.wi.ok_or_else(|| missing(p("mlp.Wi.weight")))?,
-                mlp_wo: parts.mlp_wo.ok_or_else(|| missing(p("mlp.Wo.weight")))?,
+                wi: packed(parts.wi, p("mlp.Wi.weight"))?,
+                mlp_wo: packed(parts.mlp_wo, p("mlp.Wo.weight"))?,
                 kind,
             });
         }
@@ -450,6 +554,51 @@ impl Assembler {
             kernel: (precision == Precision::Int8).then_some(kernel),
             config: self.config,
             table,
+        })
+    }
+}
+
+impl Assembler {
+    /// The int8 weights unpacked (an assembler [`keeping_parts`](Self::keeping_parts), every
+    /// tensor received, the table too when it is [`EmbeddingTable::Int8`]).
+    pub(crate) fn finish_parts(self) -> Result<Quantized> {
+        let missing = |what: String| Self::invalid(format!("the tensor {what} was not received"));
+        let parts = |p: Option<Prepared>, what: String| match p {
+            Some(Prepared::Parts(parts)) => Ok(parts),
+            Some(Prepared::Packed(_)) | None => Err(missing(what)),
+        };
+        let (vocab, h) = (self.config.vocab_size, self.config.hidden_size);
+        if self.options.table == EmbeddingTable::Int8
+            && (self.table_scales.len() != vocab || self.table_q.len() != vocab * h)
+        {
+            return Err(missing(EMBEDDINGS.into()));
+        }
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for (n, l) in self.layers.into_iter().enumerate() {
+            let p = |t: &str| format!("layers.{n}.{t}");
+            layers.push(QuantizedLayer {
+                attn_norm: match (n, l.attn_norm) {
+                    (0, _) => None,
+                    (_, Some(w)) => Some(w),
+                    (_, None) => return Err(missing(p("attn_norm.weight"))),
+                },
+                mlp_norm: l.mlp_norm.ok_or_else(|| missing(p("mlp_norm.weight")))?,
+                wqkv: parts(l.wqkv, p("attn.Wqkv.weight"))?,
+                wo: parts(l.wo, p("attn.Wo.weight"))?,
+                wi: parts(l.wi, p("mlp.Wi.weight"))?,
+                mlp_wo: parts(l.mlp_wo, p("mlp.Wo.weight"))?,
+            });
+        }
+        Ok(Quantized {
+            emb_norm: self
+                .emb_norm
+                .ok_or_else(|| missing("embeddings.norm.weight".into()))?,
+            final_norm: self
+                .final_norm
+                .ok_or_else(|| missing("final_norm.weight".into()))?,
+            layers,
+            table_q: self.table_q,
+            table_scales: self.table_scales,
         })
     }
 }
@@ -499,17 +648,48 @@ impl Model {
         options: LoadOptions,
         threads: usize,
     ) -> Result<Self> {
+        let assembler = Self::assemble(config, &weights, options, threads, false)?;
+        match options.table {
+            // Read a row per token from `weights` (see `Table::Source`).
+            EmbeddingTable::F32 => assembler.finish(Some(weights)),
+            EmbeddingTable::Int8 => assembler.finish(None),
+        }
+    }
+
+    /// [`load`](Self::load)'s int8 weights before packing, for ruri's int8 file (the table
+    /// too when it is [`EmbeddingTable::Int8`]).
+    pub(crate) fn quantize(
+        config: &ModelConfig,
+        weights: &Safetensors,
+        options: LoadOptions,
+        threads: usize,
+    ) -> Result<Quantized> {
+        Self::assemble(config, weights, options, threads, true)?.finish_parts()
+    }
+
+    /// Every tensor of `weights` prepared into an [`Assembler`] ([`EmbeddingTable::F32`]'s
+    /// table excepted), the layers on up to `threads` threads; its int8 layers unpacked with
+    /// `keep_parts`.
+    fn assemble(
+        config: &ModelConfig,
+        weights: &Safetensors,
+        options: LoadOptions,
+        threads: usize,
+        keep_parts: bool,
+    ) -> Result<Assembler> {
         let layers = config.num_hidden_layers;
         let runs = threads.clamp(1, layers.max(1));
         let run = |r: usize| (r * layers / runs)..((r + 1) * layers / runs);
         let mut assembler = std::thread::scope(|scope| -> Result<Assembler> {
             let others: Vec<_> = (1..runs)
                 .map(|r| {
-                    let (weights, range) = (&weights, run(r));
-                    scope.spawn(move || Self::load_layers(config, weights, options, range))
+                    let range = run(r);
+                    scope.spawn(move || {
+                        Self::load_layers(config, weights, options, range, keep_parts)
+                    })
                 })
                 .collect();
-            let mut assembler = Self::load_layers(config, &weights, options, run(0))?;
+            let mut assembler = Self::load_layers(config, weights, options, run(0), keep_parts)?;
             for other in others {
                 let other = other
                     .join()
@@ -527,20 +707,16 @@ impl Model {
         };
         feed("embeddings.norm.weight".into(), &mut assembler)?;
         feed("final_norm.weight".into(), &mut assembler)?;
-        match options.table {
-            // Read a row per token from `weights` (see `Table::Source`).
-            EmbeddingTable::F32 => assembler.finish(Some(weights)),
-            EmbeddingTable::Int8 => {
-                let (vocab, h) = (config.vocab_size, config.hidden_size);
-                const ROWS: usize = 256;
-                for first in (0..vocab).step_by(ROWS) {
-                    let rows = (vocab - first).min(ROWS);
-                    weights.read_rows_into(EMBEDDINGS, first, rows, &mut w)?;
-                    assembler.embedding_rows(&w[..rows * h])?;
-                }
-                assembler.finish(None)
+        if options.table == EmbeddingTable::Int8 {
+            let (vocab, h) = (config.vocab_size, config.hidden_size);
+            const ROWS: usize = 256;
+            for first in (0..vocab).step_by(ROWS) {
+                let rows = (vocab - first).min(ROWS);
+                weights.read_rows_into(EMBEDDINGS, first, rows, &mut w)?;
+                assembler.embedding_rows(&w[..rows * h])?;
             }
         }
+        Ok(assembler)
     }
 
     /// The tensors of layers `range`, read and prepared in order into an [`Assembler`]
@@ -550,8 +726,12 @@ impl Model {
         weights: &Safetensors,
         options: LoadOptions,
         range: Range<usize>,
+        keep_parts: bool,
     ) -> Result<Assembler> {
         let mut assembler = Assembler::new(config, options);
+        if keep_parts {
+            assembler = assembler.keeping_parts();
+        }
         // One fp32 buffer for every tensor while it is prepared: nothing but the prepared
         // weights is left behind (or fragments the heap).
         let mut w = Vec::new();

@@ -1,22 +1,45 @@
 //! `model.safetensors` received as a stream ([`NativeBackend::loader`]): the header is
 //! parsed with the checks of [`crate::weights`], then each tensor the model reads is
 //! buffered alone (the embedding table a row at a time), handed to the [`Assembler`] as
-//! soon as its bytes are in, and dropped. The file is never held whole.
+//! soon as its bytes are in, and dropped. The file is never held whole. ruri's int8 file
+//! (told apart by its header's metadata) is streamed alike, its tensors handed to an
+//! [`Int8Reader`].
 
 use std::path::{Path, PathBuf};
 
 use ruri_core::{Error, ModelConfig, Result};
 
 use crate::model::{Assembler, EMBEDDINGS, LoadOptions};
-use crate::weights::{self, Dtype, Entry};
-use crate::{NativeBackend, Precision};
+use crate::prequant::{self, Int8Reader, Plan, Role, Want};
+use crate::weights::{self, Dtype, Entry, Header};
+use crate::{EmbeddingTable, NativeBackend, Precision};
+
+/// How a tensor's bytes are decoded and to whom they go.
+#[derive(Debug)]
+enum Kind {
+    /// A checkpoint's float tensor, to the [`Assembler`].
+    Checkpoint(Dtype),
+    /// A tensor of ruri's int8 file, to the [`Int8Reader`].
+    Int8(Box<Want>),
+}
+
+/// Who prepares the tensors.
+#[derive(Debug)]
+enum Sink {
+    Checkpoint {
+        assembler: Box<Assembler>,
+        /// One tensor in f32 while it is prepared.
+        scratch: Vec<f32>,
+    },
+    Int8(Box<Int8Reader>),
+}
 
 /// A tensor the model reads, and its bytes received so far.
 #[derive(Debug)]
 struct Pending {
     /// Without the checkpoint's prefix.
     name: String,
-    dtype: Dtype,
+    kind: Kind,
     /// Absolute byte range in the file.
     start: u64,
     end: u64,
@@ -43,9 +66,9 @@ enum State {
         /// Sorted by `start`; `first`: the first not done.
         pending: Vec<Pending>,
         first: usize,
-        assembler: Box<Assembler>,
-        /// One tensor in f32 while it is prepared.
-        scratch: Vec<f32>,
+        sink: Sink,
+        /// ruri's int8 file: its options resolved against the builder's.
+        int8: bool,
     },
     /// An earlier [`Loader::push`] failed.
     Failed,
@@ -59,6 +82,9 @@ pub struct Loader {
     options: LoadOptions,
     threads: usize,
     precision: Precision,
+    /// What the builder set itself (an int8 file's own options apply where it did not).
+    table: Option<EmbeddingTable>,
+    outliers: Option<bool>,
     /// Bytes received so far.
     received: u64,
     state: State,
@@ -85,12 +111,16 @@ impl Loader {
         options: LoadOptions,
         threads: usize,
         precision: Precision,
+        table: Option<EmbeddingTable>,
+        outliers: Option<bool>,
     ) -> Self {
         Self {
             config,
             options,
             threads,
             precision,
+            table,
+            outliers,
             received: 0,
             state: State::Header(Vec::new()),
         }
@@ -150,13 +180,12 @@ impl Loader {
             State::Data {
                 pending,
                 first,
-                assembler,
-                scratch,
+                sink,
                 ..
             } => {
                 let at = self.received;
                 self.received += chunk.len() as u64;
-                feed(pending, first, assembler, scratch, at, chunk)
+                feed(pending, first, sink, at, chunk)
             }
         }
     }
@@ -164,6 +193,52 @@ impl Loader {
     /// The header is in: the tensors to expect.
     fn start_data(&self, header: Vec<u8>) -> Result<State> {
         let data_start = header.len() as u64;
+        let path = Path::new(LABEL);
+        // Offsets are checked against the file's length in `finish`, once it is known.
+        let parsed = Header {
+            json: header[8..].to_vec(),
+            data_start,
+            file_len: u64::MAX,
+        };
+        if prequant::is_int8_file(path, &parsed)? {
+            let path = Path::new(prequant::INT8_FILE);
+            let file = prequant::file_options(path, &parsed, &self.config)?;
+            let options = file.resolve(path, self.options, self.table, self.outliers)?;
+            let plan = Plan::new(path, &parsed, &self.config, file)?;
+            let row = self.config.hidden_size;
+            let mut reader = Int8Reader::new(path.into(), &plan, &self.config, options);
+            let mut pending = Vec::with_capacity(plan.wants.len());
+            for want in &plan.wants {
+                let bytes = want.end - want.start;
+                if bytes == 0 {
+                    // No bytes will come for it (a layer without outlier channels).
+                    reader.tensor(want, &[])?;
+                    continue;
+                }
+                let unit = match want.role {
+                    Role::TableF32 | Role::TableI8 => Ok(row * want.dtype.width()),
+                    _ => usize::try_from(bytes),
+                }
+                .map_err(|_| too_large(&want.name, bytes))?;
+                pending.push(Pending {
+                    name: want.name.clone(),
+                    kind: Kind::Int8(Box::new(want.clone())),
+                    start: want.start,
+                    end: want.end,
+                    unit,
+                    buf: Vec::new(),
+                    received: 0,
+                });
+            }
+            return Ok(State::Data {
+                header,
+                data_start,
+                pending,
+                first: 0,
+                sink: Sink::Int8(Box::new(reader)),
+                int8: true,
+            });
+        }
         // Offsets are checked against the file's length in `finish`, once it is known.
         let (entries, prefix) = weights::parse_header_for(
             Path::new(LABEL),
@@ -191,7 +266,7 @@ impl Loader {
                 .map_err(|_| too_large(&name, bytes))?;
             pending.push(Pending {
                 name,
-                dtype,
+                kind: Kind::Checkpoint(dtype),
                 start,
                 end: start + bytes,
                 unit,
@@ -205,8 +280,11 @@ impl Loader {
             data_start,
             pending,
             first: 0,
-            assembler: Box::new(Assembler::new(&self.config, self.options)),
-            scratch: Vec::new(),
+            sink: Sink::Checkpoint {
+                assembler: Box::new(Assembler::new(&self.config, self.options)),
+                scratch: Vec::new(),
+            },
+            int8: false,
         })
     }
 
@@ -234,22 +312,41 @@ impl Loader {
                 header,
                 data_start,
                 pending,
-                assembler,
+                sink,
+                int8,
                 ..
             } => {
                 // Every offset again, against the length now known.
-                weights::parse_header_for(
-                    Path::new(LABEL),
-                    &header[8..],
-                    data_start,
-                    received,
-                    &self.config,
-                )?;
-                if let Some(p) = pending.iter().find(|p| !p.done()) {
-                    return Err(invalid(format!("the data of {} was cut short", p.name)));
+                let label = if int8 { prequant::INT8_FILE } else { LABEL };
+                let path = Path::new(label);
+                if int8 {
+                    let parsed = Header {
+                        json: header[8..].to_vec(),
+                        data_start,
+                        file_len: received,
+                    };
+                    let file = prequant::file_options(path, &parsed, &self.config)?;
+                    Plan::new(path, &parsed, &self.config, file)?;
+                } else {
+                    weights::parse_header_for(
+                        path,
+                        &header[8..],
+                        data_start,
+                        received,
+                        &self.config,
+                    )?;
                 }
-                let model = assembler.finish(None)?;
-                NativeBackend::with_model(model, self.threads, LABEL.into(), self.precision)
+                if let Some(p) = pending.iter().find(|p| !p.done()) {
+                    return Err(Error::InvalidConfig {
+                        path: path.into(),
+                        reason: format!("the data of {} was cut short", p.name),
+                    });
+                }
+                let (model, precision) = match sink {
+                    Sink::Checkpoint { assembler, .. } => (assembler.finish(None)?, self.precision),
+                    Sink::Int8(reader) => (reader.finish(None)?, Precision::Int8),
+                };
+                NativeBackend::with_model(model, self.threads, label.into(), precision)
             }
         }
     }
@@ -259,8 +356,7 @@ impl Loader {
 fn feed(
     pending: &mut [Pending],
     first: &mut usize,
-    assembler: &mut Assembler,
-    scratch: &mut Vec<f32>,
+    sink: &mut Sink,
     at: u64,
     chunk: &[u8],
 ) -> Result<()> {
@@ -289,13 +385,22 @@ fn feed(
             p.received += take as u64;
             bytes = &bytes[take..];
             if p.buf.len() == p.unit {
-                scratch.clear();
-                p.dtype.decode_into(&p.buf, scratch);
+                let row = p.name == EMBEDDINGS;
+                match (&p.kind, &mut *sink) {
+                    (Kind::Checkpoint(dtype), Sink::Checkpoint { assembler, scratch }) => {
+                        scratch.clear();
+                        dtype.decode_into(&p.buf, scratch);
+                        if row {
+                            assembler.embedding_rows(scratch)?;
+                        } else {
+                            assembler.tensor(&p.name, scratch)?;
+                        }
+                    }
+                    (Kind::Int8(want), Sink::Int8(reader)) => reader.tensor(want, &p.buf)?,
+                    _ => unreachable!("start_data gives every tensor its sink's kind"),
+                }
                 p.buf.clear();
-                if p.name == EMBEDDINGS {
-                    assembler.embedding_rows(scratch)?;
-                } else {
-                    assembler.tensor(&p.name, scratch)?;
+                if !row {
                     p.buf = Vec::new();
                 }
             }

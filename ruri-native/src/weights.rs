@@ -33,7 +33,7 @@ pub(crate) enum Source {
 }
 
 impl Source {
-    fn len(&self) -> std::io::Result<u64> {
+    pub(crate) fn len(&self) -> std::io::Result<u64> {
         match self {
             Source::File(f) => Ok(f.metadata()?.len()),
             Source::Bytes(b) => Ok(b.len() as u64),
@@ -41,7 +41,7 @@ impl Source {
     }
 
     /// Fills `buf` from `offset` (positional: shared by threads without a lock).
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+    pub(crate) fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
         match self {
             #[cfg(unix)]
             Source::File(f) => std::os::unix::fs::FileExt::read_exact_at(f, buf, offset),
@@ -85,32 +85,25 @@ pub(crate) struct Safetensors {
     prefix: &'static str,
 }
 
-impl Safetensors {
-    /// Opens a file.
-    pub(crate) fn open(path: &Path, config: &ModelConfig) -> Result<Self> {
-        let file = File::open(path).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::from_source(path.to_path_buf(), Source::File(file), config)
-    }
+/// A safetensors file's header, read and its length checked.
+#[derive(Debug)]
+pub(crate) struct Header {
+    /// The JSON text.
+    pub(crate) json: Vec<u8>,
+    /// Where the data starts (8 + the JSON's length).
+    pub(crate) data_start: u64,
+    pub(crate) file_len: u64,
+}
 
-    /// Bytes already in memory; `label` names them in errors.
-    pub(crate) fn from_bytes(
-        label: PathBuf,
-        bytes: Arc<[u8]>,
-        config: &ModelConfig,
-    ) -> Result<Self> {
-        Self::from_source(label, Source::Bytes(bytes), config)
-    }
-
-    fn from_source(path: PathBuf, source: Source, config: &ModelConfig) -> Result<Self> {
+impl Header {
+    /// The header of `source` (`path` names it in errors).
+    pub(crate) fn read(path: &Path, source: &Source) -> Result<Self> {
         let invalid = |reason: String| Error::InvalidConfig {
-            path: path.clone(),
+            path: path.to_path_buf(),
             reason,
         };
         let file_len = source.len().map_err(|source| Error::Io {
-            path: path.clone(),
+            path: path.to_path_buf(),
             source,
         })?;
         let mut len = [0u8; 8];
@@ -118,19 +111,76 @@ impl Safetensors {
             .read_at(0, &mut len)
             .map_err(|_| invalid("shorter than a safetensors header".into()))?;
         let header_len = u64::from_le_bytes(len);
-        let data_start = data_start(&path, header_len, file_len)?;
-        let mut header = vec![0u8; header_len as usize];
-        source.read_at(8, &mut header).map_err(|source| Error::Io {
-            path: path.clone(),
+        let data_start = data_start(path, header_len, file_len)?;
+        let mut json = vec![0u8; header_len as usize];
+        source.read_at(8, &mut json).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
             source,
         })?;
-        let (entries, prefix) = parse_header_for(&path, &header, data_start, file_len, config)?;
+        Ok(Self {
+            json,
+            data_start,
+            file_len,
+        })
+    }
+}
+
+/// Opens a file as a [`Source`].
+pub(crate) fn open_file(path: &Path) -> Result<Source> {
+    let file = File::open(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(Source::File(file))
+}
+
+impl Safetensors {
+    /// Bytes already in memory; `label` names them in errors.
+    #[cfg(test)]
+    pub(crate) fn from_bytes(
+        label: PathBuf,
+        bytes: Arc<[u8]>,
+        config: &ModelConfig,
+    ) -> Result<Self> {
+        let source = Source::Bytes(bytes);
+        let header = Header::read(&label, &source)?;
+        Self::from_header(label, source, &header, config)
+    }
+
+    /// A checkpoint whose header was read from `source`.
+    pub(crate) fn from_header(
+        path: PathBuf,
+        source: Source,
+        header: &Header,
+        config: &ModelConfig,
+    ) -> Result<Self> {
+        let (entries, prefix) = parse_header_for(
+            &path,
+            &header.json,
+            header.data_start,
+            header.file_len,
+            config,
+        )?;
         Ok(Self {
             path,
             source,
             entries,
             prefix,
         })
+    }
+
+    /// Tensors already checked (ruri's int8 file's f32 embedding table), read from `source`.
+    pub(crate) fn from_checked(
+        path: PathBuf,
+        source: Source,
+        entries: HashMap<String, Entry>,
+    ) -> Self {
+        Self {
+            path,
+            source,
+            entries,
+            prefix: "",
+        }
     }
 
     fn invalid(&self, reason: String) -> Error {

@@ -33,6 +33,7 @@ fn error_class(error: &Error, phase: Phase) -> &'static str {
         | Error::InvalidJson { .. }
         | Error::InvalidConfig { .. }
         | Error::Unsupported { .. }
+        | Error::WeightsMismatch { .. }
         | Error::InvalidTokenizer { .. } => "ModelLoadError",
         Error::RuntimeUnavailable { .. } => "RuntimeUnavailableError",
         Error::Tokenizer(_) | Error::InputTooLong { .. } | Error::InvalidOption { .. } => {

@@ -20,6 +20,11 @@
 //!   token-embedding table is held in int8 per row by default (`embeddingTable: "int8"`,
 //!   26 MB for Ruri v3 instead of 105): the x86 engine gives the same bits with
 //!   `ruri_native::builder().embedding_table(EmbeddingTable::Int8)`.
+//! * **ruri's int8 file** (`model.ruri-int8.safetensors`, written by `ruri quantize` or by
+//!   [`quantize`] here) is taken wherever `model.safetensors` is, told apart by its header:
+//!   a quarter of the bytes to fetch, nothing to quantize, the same vectors bit for bit.
+//!   Its options must agree with the embedder's (`embeddingTable` is `"int8"` by default,
+//!   as `ruri quantize`'s): another is a `RuriError` of kind `WeightsMismatch`.
 //! * **Errors** are JavaScript `Error`s named `RuriError`, with ruri's message (the cause chain
 //!   included) and the variant of `ruri_core::Error` in `kind`.
 
@@ -40,8 +45,9 @@ pub struct Embedder {
 #[wasm_bindgen]
 impl Embedder {
     /// `configJson`: the text of `config.json`; `tokenizerJson`: the text of
-    /// `tokenizer.json`; `weights`: the bytes of `model.safetensors` (a `Uint8Array`, or an
-    /// `ArrayBuffer`). Options (all optional):
+    /// `tokenizer.json`; `weights`: the bytes of `model.safetensors` or of ruri's int8 file
+    /// `model.ruri-int8.safetensors` (a `Uint8Array`, or an `ArrayBuffer`). Options (all
+    /// optional):
     /// `kernel` (`"simd128"` or `"scalar"`; default simd128), `precision` (`"int8"` or
     /// `"fp32"`; default int8), `embeddingTable` (`"int8"`: each row of the token-embedding
     /// table quantized at load, 8-bit per row, dequantized per token; `"f32"`: held as the
@@ -134,9 +140,9 @@ impl Embedder {
     }
 }
 
-/// An [`Embedder`] made from `model.safetensors` fed in order, in chunks of any size (a
-/// `fetch` body or an R2 object read as a stream): each tensor is prepared as soon as its
-/// bytes are in, so the file never sits whole in linear memory.
+/// An [`Embedder`] made from `model.safetensors` (or ruri's int8 file) fed in order, in
+/// chunks of any size (a `fetch` body or an R2 object read as a stream): each tensor is
+/// prepared as soon as its bytes are in, so the file never sits whole in linear memory.
 ///
 /// ```js
 /// const loader = new EmbedderLoader(configJson, tokenizerJson, options);
@@ -248,6 +254,39 @@ impl EmbedderLoader {
             TextEmbedder::new(tokenizer, Prompts::default(), backend, None).map_err(to_js)?;
         Ok(Embedder { inner, kernel })
     }
+}
+
+/// ruri's int8 weights file (`model.ruri-int8.safetensors`, what `ruri quantize` writes, byte
+/// for byte) from the text of `config.json` and the bytes of `model.safetensors` (copied
+/// into linear memory whole: a tool for node, not for a Worker). Options: `embeddingTable`
+/// (`"int8"`, the default, or `"f32"`), `outlierChannels` (default `true`). Give the result
+/// to [`Embedder::new`] or an [`EmbedderLoader`] with the same `embeddingTable`.
+#[wasm_bindgen]
+pub fn quantize(
+    config_json: &str,
+    weights: Vec<u8>,
+    options: Option<js_sys::Object>,
+) -> Result<Vec<u8>, JsValue> {
+    let read = Options::read(options.as_ref()).map_err(to_js)?;
+    let mut builder = NativeBuilder::default()
+        .embedding_table(read.table)
+        .threads(1);
+    if let Some(object) = &options {
+        let value = get(object, "outlierChannels");
+        if !value.is_undefined() {
+            let enabled = value.as_bool().ok_or_else(|| {
+                to_js(Error::InvalidOption {
+                    name: "outlierChannels",
+                    value: format!("{value:?}"),
+                    reason: "needs true or false",
+                })
+            })?;
+            builder = builder.outlier_channels(enabled);
+        }
+    }
+    builder
+        .int8_file_bytes(config_json, weights)
+        .map_err(to_js)
 }
 
 fn finished() -> Error {

@@ -24,8 +24,9 @@ const documents = lines("documents.jsonl").slice(0, 512);
 const config = readFileSync(join(modelDir, "config.json"), "utf8");
 const tokenizer = readFileSync(join(modelDir, "tokenizer.json"), "utf8");
 // The weights are streamed from the file in 1 MiB chunks into an EmbedderLoader, as the
-// example Worker streams its fetch body: neither side holds the file whole.
-const weightsPath = join(modelDir, "model.safetensors");
+// example Worker streams its fetch body: neither side holds the file whole. RURI_WASM_WEIGHTS
+// names another file (ruri's int8 file, `ruri quantize`'s `model.ruri-int8.safetensors`).
+const weightsPath = process.env.RURI_WASM_WEIGHTS ?? join(modelDir, "model.safetensors");
 
 const MB = 1024 * 1024;
 let ruri;
@@ -94,6 +95,8 @@ const at = (p) => times[Math.round((times.length - 1) * p)];
 
 const wasmBytes = readFileSync(join(pkg, "ruri_wasm_bg.wasm"));
 const report = {
+  weights_file: weightsPath,
+  weights_bytes: statSync(weightsPath).size,
   wasm_bytes: wasmBytes.length,
   wasm_gzip_bytes: gzipSync(wasmBytes, { level: 9 }).length,
   bundle_gzip_bytes: gzipSync(Buffer.concat([wasmBytes, readFileSync(join(pkg, "ruri_wasm.js")), Buffer.from(tokenizer)]), { level: 9 }).length,

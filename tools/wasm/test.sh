@@ -2,7 +2,8 @@
 # ruri in WebAssembly, end to end: installs the toolchain if missing (setup.sh), builds
 # ruri-wasm (build.sh), writes the native x86 int8 engine's vectors for the 30m-shape model
 # (ruri-native's wasm_reference example), then runs the node tests (the simd128 kernel
-# against JavaScript sums byte for byte; vectors equal to x86's; errors), the Worker under
+# against JavaScript sums byte for byte; vectors equal to x86's; ruri's int8 file written by
+# x86 and by wasm alike and read to the fp32 file's bits; errors), the Worker under
 # workerd, and prints the figures of tests/bench.mjs. Needs the 30m-shape model and workload
 # (`tools/testdata/generate.sh 30m`, in testdata/generated/; the kernel test alone runs without
 # them). `--no-setup` skips setup.sh; `--no-bench` skips the figures (and builds the x86
@@ -38,8 +39,12 @@ profile=() speed=()
 [ "$bench" = 1 ] && profile=(--release) speed=("$workload")
 (cd "$root" && cargo run "${profile[@]}" -q -p ruri-native --example wasm_reference -- \
   "$model" "$reference" "$x86" "${speed[@]}")
+# ruri's int8 file as x86 writes it: the wasm build's `quantize` must write the same bytes.
+int8_file="$root/target/wasm/model.ruri-int8.safetensors"
+(cd "$root" && cargo run "${profile[@]}" -q -p ruri-native --example write_int8 -- "$model" "$int8_file")
 export RURI_WASM_MODEL="$model" RURI_WASM_REFERENCE="$reference" RURI_WASM_X86="$x86"
 node --test tests/parity.mjs
+RURI_WASM_INT8_FILE="$int8_file" node --test tests/int8.mjs
 (cd worker && { [ -x node_modules/.bin/workerd ] || npm ci --no-audit --no-fund; } && node test.mjs)
 [ "$bench" = 1 ] && node --expose-gc tests/bench.mjs
 echo "tools/wasm/test.sh: all passed"
