@@ -78,11 +78,11 @@
 //!   `mlp.Wo`'s columns permuted alike: the same function).
 //! * **Never used with other options or another model**: the options the builder leaves
 //!   unset follow the file; one set to another value, [`Precision::Fp32`], or a
-//!   `config.json` of another shape is [`Error::WeightsMismatch`](ruri_core::Error::WeightsMismatch),
+//!   `config.json` of another shape is [`Error::WeightsMismatch`],
 //!   naming both values; another `format_version` is
-//!   [`Error::Unsupported`](ruri_core::Error::Unsupported); a missing tensor, a wrong dtype or
+//!   [`Error::Unsupported`]; a missing tensor, a wrong dtype or
 //!   shape, channel indices out of order, a file cut short is
-//!   [`Error::InvalidConfig`](ruri_core::Error::InvalidConfig).
+//!   [`Error::InvalidConfig`].
 //! * **Chosen explicitly from a folder** ([`NativeBuilder::prequantized`], the facade's
 //!   `EmbedderConfig::prequantized`, `--prequantized`); never picked up by itself, and
 //!   [`NativeBackend::weights_file`] names the file read. Bytes ([`NativeBackend::from_bytes`],
@@ -378,7 +378,7 @@ impl NativeBuilder {
     /// `model.safetensors` (default `false`): the same vectors, bit for bit, with no fp32
     /// to read or quantize. The file's options (embedding table, outlier channels) apply; one
     /// set here to another value, or [`Precision::Fp32`], is
-    /// [`Error::WeightsMismatch`](ruri_core::Error::WeightsMismatch), and a file made for
+    /// [`Error::WeightsMismatch`], and a file made for
     /// another `config.json` too. [`NativeBackend::weights_file`] says which file was read.
     /// (Bytes given to [`NativeBackend::from_bytes`] or a [`Loader`] are recognized by their
     /// header: either kind is read, with the same checks.)
