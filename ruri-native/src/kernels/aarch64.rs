@@ -29,8 +29,6 @@ const NR: usize = 8;
 /// K per packed group of W: one 16-byte load of an A row. W is packed with K rounded up to
 /// this (zeros), so a short last group reads only zero weights past `k_padded`.
 const K_GROUP: usize = 16;
-/// Rows per block: one block of A stays in cache while every column block of W streams by.
-const ROW_BLOCK: usize = 8 * MR;
 
 /// The sizes every kernel here reads and writes, checked before any `unsafe`.
 fn check_buffers(a: &[i8], rows: usize, k_padded: usize, w: &[u8], n_padded: usize, c: &[i32]) {
@@ -38,23 +36,6 @@ fn check_buffers(a: &[i8], rows: usize, k_padded: usize, w: &[u8], n_padded: usi
     assert!(a.len() >= rows * k_padded);
     assert!(w.len() >= n_padded * k_padded.next_multiple_of(K_GROUP));
     assert!(c.len() >= rows * n_padded);
-}
-
-/// Calls `tile(r, mr, block)` for each tile of `mr ≤ MR` rows from row `r` and each column
-/// block, row blocks outermost.
-#[inline(always)]
-fn for_each_tile(rows: usize, n_padded: usize, mut tile: impl FnMut(usize, usize, usize)) {
-    for row0 in (0..rows).step_by(ROW_BLOCK) {
-        let row_end = (row0 + ROW_BLOCK).min(rows);
-        for block in 0..n_padded / NR {
-            let mut r = row0;
-            while r < row_end {
-                let mr = (row_end - r).min(MR);
-                tile(r, mr, block);
-                r += mr;
-            }
-        }
-    }
 }
 
 /// `c[r * n_padded + j] = Σₖ a[r][k] · w[j][k]` with `sdot`. `w` is packed by
@@ -89,7 +70,7 @@ fn dotprod_gemm_impl(
     c: &mut [i32],
 ) {
     let panel = k_padded.next_multiple_of(K_GROUP) * NR;
-    for_each_tile(rows, n_padded, |r, mr, block| {
+    super::for_each_tile(rows, n_padded / NR, MR, |r, mr, block| {
         // SAFETY: rows r..r + mr exist in a and c, and the panel of `block` exists in w
         // (asserted by the caller); the CPU runs `sdot` (this function's contract).
         unsafe {
@@ -248,7 +229,7 @@ fn i8mm_gemm_impl(
     c: &mut [i32],
 ) {
     let panel = k_padded.next_multiple_of(K_GROUP) * NR;
-    for_each_tile(rows, n_padded, |r, mr, block| {
+    super::for_each_tile(rows, n_padded / NR, MR, |r, mr, block| {
         // SAFETY: rows r..r + mr exist in a and c, and the panel of `block` exists in w
         // (asserted by the caller); the CPU runs `smmla` (this function's contract).
         unsafe {

@@ -199,6 +199,32 @@ impl FromStr for Kernel {
     }
 }
 
+/// Calls `tile(r, mr, block)` for each tile of `mr ≤ max_rows` rows from row `r` and each of
+/// `blocks` column blocks, in row blocks of 8 tiles, outermost: one block of A stays in cache
+/// while every column block of W streams by. Each kernel's driver calls it from its
+/// `#[target_feature]` function; it is inlined there, and its closure runs with those features.
+#[inline(always)]
+#[allow(dead_code)] // a build with no SIMD kernel (another target) calls it from none
+pub(crate) fn for_each_tile(
+    rows: usize,
+    blocks: usize,
+    max_rows: usize,
+    mut tile: impl FnMut(usize, usize, usize),
+) {
+    let row_block = 8 * max_rows;
+    for row0 in (0..rows).step_by(row_block) {
+        let row_end = (row0 + row_block).min(rows);
+        for block in 0..blocks {
+            let mut r = row0;
+            while r < row_end {
+                let mr = (row_end - r).min(max_rows);
+                tile(r, mr, block);
+                r += mr;
+            }
+        }
+    }
+}
+
 /// Rounds `len` up to a multiple of `to`.
 pub(crate) fn round_up(len: usize, to: usize) -> usize {
     len.div_ceil(to) * to

@@ -13,8 +13,6 @@ use std::arch::wasm32::*;
 
 /// Rows of one microkernel tile (2 accumulators each: 8 of V8's 16 vector registers).
 const MR: usize = 4;
-/// Rows per block: one block of A stays in cache while every column block of W streams by.
-const ROW_BLOCK: usize = 8 * MR;
 
 /// `c[r * n_padded + j] = Σₖ a[r][k] · w[j][k]` with `i32x4.dot_i16x8_s` on sign-extended
 /// bytes (i16 × i16 pairs summed into i32: exact, no saturation). `w` is packed by
@@ -32,30 +30,22 @@ pub(super) fn simd128_gemm(
     assert!(a.len() >= rows * k_padded);
     assert!(w.len() >= n_padded * k_padded && c.len() >= rows * n_padded);
     let quads = k_padded / 4;
-    for row0 in (0..rows).step_by(ROW_BLOCK) {
-        let row_end = (row0 + ROW_BLOCK).min(rows);
-        for block in 0..n_padded / 8 {
-            let mut r = row0;
-            while r < row_end {
-                let mr = (row_end - r).min(MR);
-                // SAFETY: rows r..r + mr exist in a and c, and the panel of `block`
-                // (k_padded · 8 bytes from block · k_padded · 8) exists in w (asserted above);
-                // the tile reads and writes only inside those.
-                unsafe {
-                    let a_ptr = a.as_ptr().add(r * k_padded);
-                    let w_ptr = w.as_ptr().add(block * k_padded * 8);
-                    let c_ptr = c.as_mut_ptr().add(r * n_padded + block * 8);
-                    match mr {
-                        4 => tile::<4>(a_ptr, k_padded, w_ptr, quads, c_ptr, n_padded),
-                        3 => tile::<3>(a_ptr, k_padded, w_ptr, quads, c_ptr, n_padded),
-                        2 => tile::<2>(a_ptr, k_padded, w_ptr, quads, c_ptr, n_padded),
-                        _ => tile::<1>(a_ptr, k_padded, w_ptr, quads, c_ptr, n_padded),
-                    }
-                }
-                r += mr;
+    super::for_each_tile(rows, n_padded / 8, MR, |r, mr, block| {
+        // SAFETY: rows r..r + mr exist in a and c, and the panel of `block`
+        // (k_padded · 8 bytes from block · k_padded · 8) exists in w (asserted above);
+        // the tile reads and writes only inside those.
+        unsafe {
+            let a_ptr = a.as_ptr().add(r * k_padded);
+            let w_ptr = w.as_ptr().add(block * k_padded * 8);
+            let c_ptr = c.as_mut_ptr().add(r * n_padded + block * 8);
+            match mr {
+                4 => tile::<4>(a_ptr, k_padded, w_ptr, quads, c_ptr, n_padded),
+                3 => tile::<3>(a_ptr, k_padded, w_ptr, quads, c_ptr, n_padded),
+                2 => tile::<2>(a_ptr, k_padded, w_ptr, quads, c_ptr, n_padded),
+                _ => tile::<1>(a_ptr, k_padded, w_ptr, quads, c_ptr, n_padded),
             }
         }
-    }
+    });
 }
 
 /// One `R × 8` tile over the whole K. Per k quad: W's 32 bytes (two k pairs × 8 columns × 2

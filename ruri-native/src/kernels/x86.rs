@@ -12,8 +12,6 @@ use super::Kernel;
 
 /// Rows of one microkernel tile.
 const MR: usize = 6;
-/// Rows per block: one block of A stays in cache while every column block of W streams by.
-const ROW_BLOCK: usize = 8 * MR;
 
 /// `c[r * n_padded + j] = Σₖ a[r][k] · w[j][k]` with `vpdpbusd`. `w` is packed by
 /// `PackedWeights::pack(Kernel::Avx512Vnni, …)` (u8 = w + 128), `sums[r] = Σₖ a[r][k]`.
@@ -50,32 +48,24 @@ fn vnni_gemm_impl(
     c: &mut [i32],
 ) {
     let quads = k_padded / 4;
-    for row0 in (0..rows).step_by(ROW_BLOCK) {
-        let row_end = (row0 + ROW_BLOCK).min(rows);
-        for block in 0..n_padded / 64 {
-            let mut r = row0;
-            while r < row_end {
-                let mr = (row_end - r).min(MR);
-                // SAFETY: rows r..r + mr exist in a, sums and c, and the panel of `block`
-                // exists in w (asserted by the caller); offsets stay inside those bounds.
-                unsafe {
-                    let a_ptr = a.as_ptr().add(r * k_padded);
-                    let w_ptr = w.as_ptr().add(block * quads * 256);
-                    let c_ptr = c.as_mut_ptr().add(r * n_padded + block * 64);
-                    let s_ptr = sums.as_ptr().add(r);
-                    match mr {
-                        6 => vnni_tile::<6>(a_ptr, k_padded, w_ptr, quads, c_ptr, n_padded, s_ptr),
-                        5 => vnni_tile::<5>(a_ptr, k_padded, w_ptr, quads, c_ptr, n_padded, s_ptr),
-                        4 => vnni_tile::<4>(a_ptr, k_padded, w_ptr, quads, c_ptr, n_padded, s_ptr),
-                        3 => vnni_tile::<3>(a_ptr, k_padded, w_ptr, quads, c_ptr, n_padded, s_ptr),
-                        2 => vnni_tile::<2>(a_ptr, k_padded, w_ptr, quads, c_ptr, n_padded, s_ptr),
-                        _ => vnni_tile::<1>(a_ptr, k_padded, w_ptr, quads, c_ptr, n_padded, s_ptr),
-                    }
-                }
-                r += mr;
+    super::for_each_tile(rows, n_padded / 64, MR, |r, mr, block| {
+        // SAFETY: rows r..r + mr exist in a, sums and c, and the panel of `block`
+        // exists in w (asserted by the caller); offsets stay inside those bounds.
+        unsafe {
+            let a_ptr = a.as_ptr().add(r * k_padded);
+            let w_ptr = w.as_ptr().add(block * quads * 256);
+            let c_ptr = c.as_mut_ptr().add(r * n_padded + block * 64);
+            let s_ptr = sums.as_ptr().add(r);
+            match mr {
+                6 => vnni_tile::<6>(a_ptr, k_padded, w_ptr, quads, c_ptr, n_padded, s_ptr),
+                5 => vnni_tile::<5>(a_ptr, k_padded, w_ptr, quads, c_ptr, n_padded, s_ptr),
+                4 => vnni_tile::<4>(a_ptr, k_padded, w_ptr, quads, c_ptr, n_padded, s_ptr),
+                3 => vnni_tile::<3>(a_ptr, k_padded, w_ptr, quads, c_ptr, n_padded, s_ptr),
+                2 => vnni_tile::<2>(a_ptr, k_padded, w_ptr, quads, c_ptr, n_padded, s_ptr),
+                _ => vnni_tile::<1>(a_ptr, k_padded, w_ptr, quads, c_ptr, n_padded, s_ptr),
             }
         }
-    }
+    });
 }
 
 /// One `R × 64` tile over the whole K: 4·R zmm accumulators, W's four zmm loaded once per
@@ -162,31 +152,23 @@ fn avx2_gemm_impl(
     c: &mut [i32],
 ) {
     let pairs = k_padded / 2;
-    for row0 in (0..rows).step_by(ROW_BLOCK) {
-        let row_end = (row0 + ROW_BLOCK).min(rows);
-        for block in 0..n_padded / 16 {
-            let mut r = row0;
-            while r < row_end {
-                let mr = (row_end - r).min(MR);
-                // SAFETY: rows r..r + mr exist in a16 and c, the panel of `block` exists in w
-                // (asserted by the caller).
-                unsafe {
-                    let a_ptr = a16.as_ptr().add(r * k_padded);
-                    let w_ptr = w.as_ptr().add(block * pairs * 32);
-                    let c_ptr = c.as_mut_ptr().add(r * n_padded + block * 16);
-                    match mr {
-                        6 => avx2_tile::<6>(a_ptr, k_padded, w_ptr, pairs, c_ptr, n_padded),
-                        5 => avx2_tile::<5>(a_ptr, k_padded, w_ptr, pairs, c_ptr, n_padded),
-                        4 => avx2_tile::<4>(a_ptr, k_padded, w_ptr, pairs, c_ptr, n_padded),
-                        3 => avx2_tile::<3>(a_ptr, k_padded, w_ptr, pairs, c_ptr, n_padded),
-                        2 => avx2_tile::<2>(a_ptr, k_padded, w_ptr, pairs, c_ptr, n_padded),
-                        _ => avx2_tile::<1>(a_ptr, k_padded, w_ptr, pairs, c_ptr, n_padded),
-                    }
-                }
-                r += mr;
+    super::for_each_tile(rows, n_padded / 16, MR, |r, mr, block| {
+        // SAFETY: rows r..r + mr exist in a16 and c, the panel of `block` exists in w
+        // (asserted by the caller).
+        unsafe {
+            let a_ptr = a16.as_ptr().add(r * k_padded);
+            let w_ptr = w.as_ptr().add(block * pairs * 32);
+            let c_ptr = c.as_mut_ptr().add(r * n_padded + block * 16);
+            match mr {
+                6 => avx2_tile::<6>(a_ptr, k_padded, w_ptr, pairs, c_ptr, n_padded),
+                5 => avx2_tile::<5>(a_ptr, k_padded, w_ptr, pairs, c_ptr, n_padded),
+                4 => avx2_tile::<4>(a_ptr, k_padded, w_ptr, pairs, c_ptr, n_padded),
+                3 => avx2_tile::<3>(a_ptr, k_padded, w_ptr, pairs, c_ptr, n_padded),
+                2 => avx2_tile::<2>(a_ptr, k_padded, w_ptr, pairs, c_ptr, n_padded),
+                _ => avx2_tile::<1>(a_ptr, k_padded, w_ptr, pairs, c_ptr, n_padded),
             }
         }
-    }
+    });
 }
 
 /// One `R × 16` tile over the whole K: 2·R ymm accumulators; per k pair, W's 32 bytes are
@@ -255,7 +237,7 @@ macro_rules! vnni256_kernel {
         pub(super) mod $module {
             use std::arch::x86_64::*;
 
-            use super::{Kernel, MR, ROW_BLOCK};
+            use super::{Kernel, MR};
 
             /// `c[r * n_padded + j] = Σₖ a[r][k] · w[j][k]` with 256-bit `vpdpbusd`. `w` is
             /// packed by `PackedWeights::pack` for this kernel (u8 = w + 128, column blocks
@@ -295,33 +277,25 @@ macro_rules! vnni256_kernel {
                 c: &mut [i32],
             ) {
                 let quads = k_padded / 4;
-                for row0 in (0..rows).step_by(ROW_BLOCK) {
-                    let row_end = (row0 + ROW_BLOCK).min(rows);
-                    for block in 0..n_padded / 16 {
-                        let mut r = row0;
-                        while r < row_end {
-                            let mr = (row_end - r).min(MR);
-                            // SAFETY: rows r..r + mr exist in a, sums and c, and the panel of
-                            // `block` exists in w (asserted by `gemm`); offsets stay inside
-                            // those bounds.
-                            unsafe {
-                                let a = a.as_ptr().add(r * k_padded);
-                                let w = w.as_ptr().add(block * quads * 64);
-                                let c = c.as_mut_ptr().add(r * n_padded + block * 16);
-                                let s = sums.as_ptr().add(r);
-                                match mr {
-                                    6 => tile::<6>(a, k_padded, w, quads, c, n_padded, s),
-                                    5 => tile::<5>(a, k_padded, w, quads, c, n_padded, s),
-                                    4 => tile::<4>(a, k_padded, w, quads, c, n_padded, s),
-                                    3 => tile::<3>(a, k_padded, w, quads, c, n_padded, s),
-                                    2 => tile::<2>(a, k_padded, w, quads, c, n_padded, s),
-                                    _ => tile::<1>(a, k_padded, w, quads, c, n_padded, s),
-                                }
-                            }
-                            r += mr;
+                crate::kernels::for_each_tile(rows, n_padded / 16, MR, |r, mr, block| {
+                    // SAFETY: rows r..r + mr exist in a, sums and c, and the panel of
+                    // `block` exists in w (asserted by `gemm`); offsets stay inside
+                    // those bounds.
+                    unsafe {
+                        let a = a.as_ptr().add(r * k_padded);
+                        let w = w.as_ptr().add(block * quads * 64);
+                        let c = c.as_mut_ptr().add(r * n_padded + block * 16);
+                        let s = sums.as_ptr().add(r);
+                        match mr {
+                            6 => tile::<6>(a, k_padded, w, quads, c, n_padded, s),
+                            5 => tile::<5>(a, k_padded, w, quads, c, n_padded, s),
+                            4 => tile::<4>(a, k_padded, w, quads, c, n_padded, s),
+                            3 => tile::<3>(a, k_padded, w, quads, c, n_padded, s),
+                            2 => tile::<2>(a, k_padded, w, quads, c, n_padded, s),
+                            _ => tile::<1>(a, k_padded, w, quads, c, n_padded, s),
                         }
                     }
-                }
+                });
             }
 
             /// One `R × 16` tile over the whole K: 2·R ymm accumulators, W's two ymm loaded
