@@ -303,72 +303,25 @@ impl PackedWeights {
                 }
                 (n, data)
             }
-            Kernel::Avx2 => {
-                // [column block of 16][k pair][two halves of 8 columns][column][2 bytes]
-                let n_padded = round_up(n, 16);
-                let pairs = k_padded / 2;
-                let mut data = vec![0u8; n_padded * k_padded];
-                let base =
-                    |col: usize| (col / 16) * pairs * 32 + (col % 16 / 8) * 16 + (col % 8) * 2;
-                scatter::<2>(q, (n, k), &mut data, base, 32, |v| v as u8);
-                (n_padded, data)
-            }
-            Kernel::Avx512Vnni => {
-                // [column block of 64][k quad][four zmm of 16 columns][column][4 bytes], each
-                // byte w + 128 (u8). Padding stands for w = 0 (128), and A's padding is 0, so
-                // padded k contribute nothing; padded columns are never read back.
-                let n_padded = round_up(n, 64);
-                let quads = k_padded / 4;
-                let mut data = vec![128u8; n_padded * k_padded];
-                let base = |col: usize| (col / 64) * quads * 256 + (col % 64) * 4;
-                scatter::<4>(q, (n, k), &mut data, base, 256, |v| {
-                    (i16::from(v) + 128) as u8
-                });
-                (n_padded, data)
-            }
+            // Every SIMD kernel reads column panels: [column block][k group][column][group's
+            // bytes]. Padded k and columns hold w = 0 (stored as 128 where W is w + 128, and
+            // A's padding is 0), so they contribute nothing; padded columns are never read back.
+            // AVX2: blocks of 16, k pairs (two halves of 8 columns per pair and block).
+            Kernel::Avx2 => panels::<2>(q, (n, k), 16, k_padded, 0, |v| v as u8),
+            // AVX-512 VNNI: blocks of 64 (four zmm of 16 columns), k quads, each byte w + 128.
+            Kernel::Avx512Vnni => panels::<4>(q, (n, k), 64, k_padded, 128, plus_128),
+            // The 256-bit VNNI pair: the same with blocks of 16 (two ymm of 8 columns).
             Kernel::AvxVnni | Kernel::Avx512Vnni256 => {
-                // The layout above with column blocks of 16: [column block of 16][k quad]
-                // [two ymm of 8 columns][column][4 bytes], each byte w + 128.
-                let n_padded = round_up(n, 16);
-                let quads = k_padded / 4;
-                let mut data = vec![128u8; n_padded * k_padded];
-                let base = |col: usize| (col / 16) * quads * 64 + (col % 16) * 4;
-                scatter::<4>(q, (n, k), &mut data, base, 64, |v| {
-                    (i16::from(v) + 128) as u8
-                });
-                (n_padded, data)
+                panels::<4>(q, (n, k), 16, k_padded, 128, plus_128)
             }
-            Kernel::Simd128 => {
-                // [column block of 8][k pair][column][2 bytes]: one 16-byte vector per block
-                // and pair. Padding is w = 0, so padded k and columns contribute nothing.
-                let n_padded = round_up(n, 8);
-                let pairs = k_padded / 2;
-                let mut data = vec![0u8; n_padded * k_padded];
-                let base = |col: usize| (col / 8) * pairs * 16 + (col % 8) * 2;
-                scatter::<2>(q, (n, k), &mut data, base, 16, |v| v as u8);
-                (n_padded, data)
-            }
-            Kernel::Dotprod => {
-                // [column block of 8][k quad][column][4 bytes], K rounded up to 16 (the
-                // kernel reads A 16 bytes at a time): two vectors per block and quad. Padding
-                // is w = 0, so padded k and columns contribute nothing.
-                let n_padded = round_up(n, 8);
-                let quads = round_up(k_padded, 16) / 4;
-                let mut data = vec![0u8; n_padded * quads * 4];
-                let base = |col: usize| (col / 8) * quads * 32 + (col % 8) * 4;
-                scatter::<4>(q, (n, k), &mut data, base, 32, |v| v as u8);
-                (n_padded, data)
-            }
-            Kernel::I8mm => {
-                // [column block of 8][k octet][column][8 bytes], K rounded up to 16: each 16
-                // bytes are the 2 × 8 operand of a column pair. Padding is w = 0.
-                let n_padded = round_up(n, 8);
-                let octets = round_up(k_padded, 16) / 8;
-                let mut data = vec![0u8; n_padded * octets * 8];
-                let base = |col: usize| (col / 8) * octets * 64 + (col % 8) * 8;
-                scatter::<8>(q, (n, k), &mut data, base, 64, |v| v as u8);
-                (n_padded, data)
-            }
+            // simd128: blocks of 8, k pairs: one 16-byte vector per block and pair.
+            Kernel::Simd128 => panels::<2>(q, (n, k), 8, k_padded, 0, |v| v as u8),
+            // dotprod: blocks of 8, k quads (two vectors per block and quad), K rounded up to
+            // 16 (the kernel reads A 16 bytes at a time).
+            Kernel::Dotprod => panels::<4>(q, (n, k), 8, round_up(k_padded, 16), 0, |v| v as u8),
+            // i8mm: blocks of 8, k octets (each 16 bytes the 2 × 8 operand of a column pair),
+            // K rounded up to 16.
+            Kernel::I8mm => panels::<8>(q, (n, k), 8, round_up(k_padded, 16), 0, |v| v as u8),
         };
         Self {
             kernel,
@@ -464,6 +417,30 @@ impl PackedWeights {
             }
         }
     }
+}
+
+/// `q` packed in column panels for a SIMD kernel: `[column block of nb][group of G k][column]
+/// [G bytes]`, over `k_len` k (≥ `k`, a multiple of G) and `n` rounded up to `nb` columns,
+/// each byte `map(w)`, the padding `fill`. Returns the padded column count and the bytes.
+fn panels<const G: usize>(
+    q: &[i8],
+    (n, k): (usize, usize),
+    nb: usize,
+    k_len: usize,
+    fill: u8,
+    map: impl Fn(i8) -> u8,
+) -> (usize, Vec<u8>) {
+    let n_padded = round_up(n, nb);
+    let groups = k_len / G;
+    let mut data = vec![fill; n_padded * groups * G];
+    let base = |col: usize| (col / nb) * groups * nb * G + (col % nb) * G;
+    scatter::<G>(q, (n, k), &mut data, base, nb * G, map);
+    (n_padded, data)
+}
+
+/// `w + 128` as u8: the VNNI kernels' weight bytes (`vpdpbusd` multiplies u8 by s8).
+fn plus_128(v: i8) -> u8 {
+    (i16::from(v) + 128) as u8
 }
 
 /// Stores, for each column `col` of `q` (`n × k`, row-major) and its `p`-th group of `G`
