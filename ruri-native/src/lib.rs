@@ -44,11 +44,12 @@
 //! `exp` and `erf` and libm's pure-Rust `sin`/`cos`, so a text's int8 vector has the same
 //! bits alone or in any batch, on every kernel, on every CPU. Force a kernel with
 //! [`NativeBuilder::kernel`] or
-//! `RURI_KERNEL=scalar|avx2|avxvnni|avx512vnni256|avx512vnni|simd128|dotprod|i8mm` (an unknown name, or
-//! one this CPU or build target cannot run, is [`ruri_core::Error::InvalidOption`];
-//! `simd128` runs in `wasm32` builds with the `simd128` target feature, `dotprod` and `i8mm`
-//! on aarch64 CPUs with FEAT_DotProd and FEAT_I8MM; `avxvnni` has run on
-//! no CPU here, and its EVEX twin `avx512vnni256`, the same source, is what the tests check).
+//! `RURI_KERNEL=scalar|avx2|avxvnni|avx512vnni256|avx512vnni|amx|simd128|dotprod|i8mm` (an unknown
+//! name, or one this CPU or build target cannot run, is [`ruri_core::Error::InvalidOption`];
+//! `amx` runs on Linux on CPUs with AMX-INT8 (Intel since Sapphire Rapids), the fastest where
+//! it runs; `simd128` in `wasm32` builds with the `simd128` target feature, `dotprod` and
+//! `i8mm` on aarch64 CPUs with FEAT_DotProd and FEAT_I8MM; `avxvnni` on CPUs with AVX-VNNI,
+//! and its EVEX twin `avx512vnni256`, the same source, on AVX-512 VNNI ones).
 //! fp32 vectors depend on the CPU's instructions (FMA or not), within 1e-5 of
 //! sentence-transformers.
 //!

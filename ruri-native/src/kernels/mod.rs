@@ -13,6 +13,10 @@
 //!   compiled for the EVEX encoding of that instruction (AVX-512 VNNI + VL): the twin that
 //!   AVX-512 CPUs run, and so the tests; the AVX-VNNI instantiation itself has not run on
 //!   any CPU this project is tested on.
+//! * [`Kernel::Amx`]: Intel AMX-INT8, `tdpbusd` on 16 × 64-byte tiles (u8 × s8 → i32): A
+//!   goes in as `a + 128` (u8), W as it is (s8), and each accumulator tile starts at
+//!   `−128 · Σₖ W[n][k]` (column sums made at packing). Linux only (the tile state is granted
+//!   per process on request).
 //! * [`Kernel::Simd128`]: WebAssembly simd128, W and A sign-extended to 16 bits,
 //!   `i32x4.dot_i16x8_s` (i16 × i16 pairs → i32, exact); only in builds for `wasm32` with
 //!   the `simd128` target feature.
@@ -33,6 +37,8 @@ pub(crate) mod simd_f32;
 mod wasm;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_amx;
 #[cfg(target_arch = "x86_64")]
 mod x86_f32;
 
@@ -61,6 +67,9 @@ pub enum Kernel {
     Avx512Vnni256,
     /// x86-64 AVX-512 VNNI (with AVX-512 BW): `vpdpbusd`.
     Avx512Vnni,
+    /// x86-64 AMX-INT8 (Intel since Sapphire Rapids): `tdpbusd` on tiles; Linux, where the
+    /// process is granted the tile state.
+    Amx,
     /// WebAssembly simd128: 16-bit dot products of sign-extended bytes (`wasm32` builds
     /// with `-C target-feature=+simd128`; WebAssembly has no run-time detection).
     Simd128,
@@ -72,12 +81,13 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel this build knows, whether or not this CPU runs it.
-    pub const ALL: [Kernel; 8] = [
+    pub const ALL: [Kernel; 9] = [
         Kernel::Scalar,
         Kernel::Avx2,
         Kernel::AvxVnni,
         Kernel::Avx512Vnni256,
         Kernel::Avx512Vnni,
+        Kernel::Amx,
         Kernel::Simd128,
         Kernel::Dotprod,
         Kernel::I8mm,
@@ -91,6 +101,7 @@ impl Kernel {
             Kernel::AvxVnni => "avxvnni",
             Kernel::Avx512Vnni256 => "avx512vnni256",
             Kernel::Avx512Vnni => "avx512vnni",
+            Kernel::Amx => "amx",
             Kernel::Simd128 => "simd128",
             Kernel::Dotprod => "dotprod",
             Kernel::I8mm => "i8mm",
@@ -124,6 +135,10 @@ impl Kernel {
             }
             #[cfg(not(target_arch = "x86_64"))]
             Kernel::AvxVnni | Kernel::Avx512Vnni256 => false,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Amx => x86_amx::available(),
+            #[cfg(not(target_arch = "x86_64"))]
+            Kernel::Amx => false,
             Kernel::Simd128 => cfg!(all(target_arch = "wasm32", target_feature = "simd128")),
             #[cfg(target_arch = "aarch64")]
             Kernel::Dotprod => std::arch::is_aarch64_feature_detected!("dotprod"),
@@ -163,7 +178,7 @@ impl Kernel {
             .ok_or_else(|| Error::InvalidOption {
                 name: option,
                 value: name.to_owned(),
-                reason: "unknown int8 kernel (known: scalar, avx2, avxvnni, avx512vnni256, avx512vnni, simd128, dotprod, i8mm)",
+                reason: "unknown int8 kernel (known: scalar, avx2, avxvnni, avx512vnni256, avx512vnni, amx, simd128, dotprod, i8mm)",
             })?;
         kernel.ensure_available(option)?;
         Ok(kernel)
@@ -192,7 +207,7 @@ impl fmt::Display for Kernel {
 impl FromStr for Kernel {
     type Err = Error;
 
-    /// A kernel by name (`scalar`, `avx2`, `avxvnni`, `avx512vnni256`, `avx512vnni`,
+    /// A kernel by name (`scalar`, `avx2`, `avxvnni`, `avx512vnni256`, `avx512vnni`, `amx`,
     /// `simd128`, `dotprod`, `i8mm`); unavailable ones are an error too.
     fn from_str(name: &str) -> Result<Self> {
         Self::checked(name, "kernel")
@@ -283,6 +298,9 @@ pub(crate) struct PackedWeights {
     /// Columns of C the kernel writes per row (n rounded up to its column block).
     pub(crate) n_padded: usize,
     data: Vec<u8>,
+    /// AMX only: `−128 · Σₖ w[col][k]` for each of the `n_padded` columns (the accumulators'
+    /// start, which takes A's `+ 128` off); empty for the other kernels.
+    bias: Vec<i32>,
     /// Dequantization scale of each output channel.
     pub(crate) scales: Vec<f32>,
 }
@@ -314,6 +332,9 @@ impl PackedWeights {
             Kernel::AvxVnni | Kernel::Avx512Vnni256 => {
                 panels::<4>(q, (n, k), 16, k_padded, 128, plus_128)
             }
+            // AMX: B tiles of 16 columns × 16 k quads, W's bytes as they are, K padded to
+            // whole 64-byte steps.
+            Kernel::Amx => panels::<4>(q, (n, k), 16, round_up(k_padded, 64), 0, |v| v as u8),
             // simd128: blocks of 8, k pairs: one 16-byte vector per block and pair.
             Kernel::Simd128 => panels::<2>(q, (n, k), 8, k_padded, 0, |v| v as u8),
             // dotprod: blocks of 8, k quads (two vectors per block and quad), K rounded up to
@@ -323,6 +344,17 @@ impl PackedWeights {
             // K rounded up to 16.
             Kernel::I8mm => panels::<8>(q, (n, k), 8, round_up(k_padded, 16), 0, |v| v as u8),
         };
+        let bias = if kernel == Kernel::Amx {
+            let mut bias: Vec<i32> = q
+                .chunks_exact(k.max(1))
+                .take(n)
+                .map(|row| -128 * row.iter().map(|&v| i32::from(v)).sum::<i32>())
+                .collect();
+            bias.resize(n_padded, 0);
+            bias
+        } else {
+            Vec::new()
+        };
         Self {
             kernel,
             n,
@@ -330,13 +362,14 @@ impl PackedWeights {
             k_padded,
             n_padded,
             data,
+            bias,
             scales,
         }
     }
 
     /// Bytes held.
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.data.len() + 4 * self.scales.len()
+        self.data.len() + 4 * (self.scales.len() + self.bias.len())
     }
 
     /// `c[r * n_padded + col] = Σₖ a[r][k] · w[col][k]` for every row of `a`; `c` holds
@@ -395,6 +428,18 @@ impl PackedWeights {
             Kernel::AvxVnni | Kernel::Avx512Vnni256 => {
                 unreachable!("x86 kernels are refused on other targets at build time")
             }
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Amx => x86_amx::gemm(
+                &a.data,
+                rows,
+                self.k_padded,
+                &self.data,
+                &self.bias,
+                self.n_padded,
+                c,
+            ),
+            #[cfg(not(target_arch = "x86_64"))]
+            Kernel::Amx => unreachable!("x86 kernels are refused on other targets at build time"),
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
             Kernel::Simd128 => {
                 wasm::simd128_gemm(&a.data, rows, self.k_padded, &self.data, self.n_padded, c)
@@ -575,15 +620,20 @@ mod tests {
         }
     }
 
-    /// The widest VNNI wins: zmm wherever AVX-512 VNNI runs (its 256-bit twin is slower or
-    /// equal there), then AVX-VNNI, then AVX2.
+    /// AMX wins where it runs, then the widest VNNI: zmm wherever AVX-512 VNNI runs (its
+    /// 256-bit twin is slower or equal there), then AVX-VNNI, then AVX2.
     #[cfg(target_arch = "x86_64")]
     #[test]
-    fn detect_prefers_zmm_vnni_then_avx_vnni_then_avx2() {
-        let expected = [Kernel::Avx512Vnni, Kernel::AvxVnni, Kernel::Avx2]
-            .into_iter()
-            .find(|k| k.is_available())
-            .unwrap_or(Kernel::Scalar);
+    fn detect_prefers_amx_then_zmm_vnni_then_avx_vnni_then_avx2() {
+        let expected = [
+            Kernel::Amx,
+            Kernel::Avx512Vnni,
+            Kernel::AvxVnni,
+            Kernel::Avx2,
+        ]
+        .into_iter()
+        .find(|k| k.is_available())
+        .unwrap_or(Kernel::Scalar);
         assert_eq!(Kernel::detect(), expected);
     }
 
