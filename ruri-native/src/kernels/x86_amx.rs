@@ -19,6 +19,7 @@
 //! kernel is available only once that request succeeded, and only on Linux.
 
 use std::arch::asm;
+use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
 use std::sync::OnceLock;
 
 /// Rows and i32 columns of a C tile; rows of an A tile; k quads of a B tile.
@@ -193,11 +194,17 @@ unsafe fn blocks(
                 asm!("tileloadd tmm1, [{b} + {z}*1]", b = in(reg) b0.add(TILE), z = in(reg) 0usize, options(nostack, readonly));
                 asm!("tileloadd tmm2, [{b} + {z}*1]", b = in(reg) b0, z = in(reg) 0usize, options(nostack, readonly));
                 asm!("tileloadd tmm3, [{b} + {z}*1]", b = in(reg) b0.add(TILE), z = in(reg) 0usize, options(nostack, readonly));
-                match (two_rows, two_cols) {
-                    (true, true) => steps::<true, true>(a0, kp, w0, k_steps),
-                    (true, false) => steps::<true, false>(a0, kp, w0, k_steps),
-                    (false, true) => steps::<false, true>(a0, kp, w0, k_steps),
-                    (false, false) => steps::<false, false>(a0, kp, w0, k_steps),
+                // Prefetch the next column pair's weights while this one runs (measured: a lone
+                // 12-token query, whose weights stream from L3, 0.80 → 0.75 ms; documents
+                // unchanged).
+                let prefetch = ct + 3 < col_tiles;
+                match (two_rows, two_cols, prefetch) {
+                    (true, true, false) => steps::<true, true, false>(a0, kp, w0, k_steps),
+                    (true, true, true) => steps::<true, true, true>(a0, kp, w0, k_steps),
+                    (true, false, _) => steps::<true, false, false>(a0, kp, w0, k_steps),
+                    (false, true, false) => steps::<false, true, false>(a0, kp, w0, k_steps),
+                    (false, true, true) => steps::<false, true, true>(a0, kp, w0, k_steps),
+                    (false, false, _) => steps::<false, false, false>(a0, kp, w0, k_steps),
                 }
                 let n = n_padded;
                 store::<0>(c, rows, n, rt, ct, &mut spill);
@@ -218,13 +225,14 @@ unsafe fn blocks(
 }
 
 /// Every k step of one block: tmm0 += A0·B0, tmm1 += A0·B1, tmm2 += A1·B0, tmm3 += A1·B1
-/// (the second row or column tile only when `TWO_ROWS` / `TWO_COLS`).
+/// (the second row or column tile only when `TWO_ROWS` / `TWO_COLS`); with `PREFETCH`, the
+/// next column pair's weights are fetched meanwhile (it must exist).
 ///
 /// # Safety
 /// Tiles configured; `a` has 16 (32 with `TWO_ROWS`) rows of `kp` bytes, `w` one (two with
-/// `TWO_COLS`) panels of `16 · kp` bytes, `k_steps · 64 = kp`.
+/// `TWO_COLS`; four with `PREFETCH`) panels of `16 · kp` bytes, `k_steps · 64 = kp`.
 #[inline(always)]
-unsafe fn steps<const TWO_ROWS: bool, const TWO_COLS: bool>(
+unsafe fn steps<const TWO_ROWS: bool, const TWO_COLS: bool, const PREFETCH: bool>(
     a: *const u8,
     kp: usize,
     w: *const u8,
@@ -237,6 +245,13 @@ unsafe fn steps<const TWO_ROWS: bool, const TWO_COLS: bool>(
         unsafe {
             let a_s = a.add(s * K_STEP);
             let w_s = w.add(s * TILE * 64);
+            if PREFETCH {
+                // The same step of the next column pair (its two B tiles, 2 KiB: 32 lines).
+                let next = w_s.add(2 * panel);
+                for line in 0..32 {
+                    _mm_prefetch::<_MM_HINT_T0>(next.add(64 * line).cast());
+                }
+            }
             asm!("tileloadd tmm4, [{p} + {st}*1]", p = in(reg) a_s, st = in(reg) kp, options(nostack, readonly));
             asm!("tileloadd tmm6, [{p} + {st}*1]", p = in(reg) w_s, st = in(reg) 64usize, options(nostack, readonly));
             asm!("tdpbusd tmm0, tmm4, tmm6", options(nostack, nomem));
