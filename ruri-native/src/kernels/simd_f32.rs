@@ -183,6 +183,12 @@ fn weighted_sum_rows_body(
 
 #[inline(always)]
 fn softmax_row_body(s: &mut [f32], own_lo: usize, own_hi: usize, scale: f32) {
+    let padded = own_hi.div_ceil(VEC) * VEC;
+    if own_lo == 0 && padded <= s.len() {
+        let (row, rest) = s.split_at_mut(padded);
+        rest.fill(0.0);
+        return softmax_row_from_zero(row, own_hi, scale);
+    }
     let (head, rest) = s.split_at_mut(own_lo);
     let (own, tail) = rest.split_at_mut(own_hi - own_lo);
     head.fill(0.0);
@@ -208,6 +214,41 @@ fn softmax_row_body(s: &mut [f32], own_lo: usize, own_hi: usize, scale: f32) {
     let total = crate::math::sum(own);
     for v in own.iter_mut() {
         *v /= total;
+    }
+}
+
+/// [`softmax_row_body`] where the query's keys start the row (`own_lo` = 0: every query of
+/// a text within the window, as the workload's are), over whole blocks of [`VEC`] (`s` is
+/// the row up to `own_hi` rounded up to a block): the lanes past `own_hi` are computed and
+/// then set to zero, so no value is left to a one-at-a-time tail. The same bits: max and
+/// exp are per value, and [`crate::math::sum`] over the zero-padded run puts each value in
+/// the lane it has in `sum(&s[..own_hi])`, in the same order, followed only by `+ 0.0`
+/// (exps are positive, so no `−0.0` turns into `+0.0`).
+#[inline(always)]
+fn softmax_row_from_zero(s: &mut [f32], own_hi: usize, scale: f32) {
+    let mut lanes = [f32::NEG_INFINITY; VEC];
+    for (b, c) in s.chunks_exact_mut(VEC).enumerate() {
+        let c: &mut [f32; VEC] = c.try_into().expect("a block");
+        for (i, (m, v)) in lanes.iter_mut().zip(c.iter_mut()).enumerate() {
+            *v *= scale;
+            let own = b * VEC + i < own_hi;
+            *m = m.max(if own { *v } else { f32::NEG_INFINITY });
+        }
+    }
+    let max = lanes.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
+    for (b, c) in s.chunks_exact_mut(VEC).enumerate() {
+        let c: &mut [f32; VEC] = c.try_into().expect("a block");
+        for (i, v) in c.iter_mut().enumerate() {
+            let e = crate::math::exp(*v - max);
+            *v = if b * VEC + i < own_hi { e } else { 0.0 };
+        }
+    }
+    let total = crate::math::sum(s);
+    for c in s.chunks_exact_mut(VEC) {
+        let c: &mut [f32; VEC] = c.try_into().expect("a block");
+        for v in c.iter_mut() {
+            *v /= total;
+        }
     }
 }
 
@@ -625,6 +666,44 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// The softmax one value at a time, as written before the whole-block path: scale, the
+    /// max of the query's keys, exp(x − max), `math::sum` over exactly those keys, divide.
+    fn softmax_one_at_a_time(s: &mut [f32], own_lo: usize, own_hi: usize, scale: f32) {
+        let own = &mut s[own_lo..own_hi];
+        own.iter_mut().for_each(|v| *v *= scale);
+        let max = own.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        own.iter_mut().for_each(|v| *v = crate::math::exp(*v - max));
+        let total = crate::math::sum(own);
+        own.iter_mut().for_each(|v| *v /= total);
+        s[..own_lo].fill(0.0);
+        s[own_hi..].fill(0.0);
+    }
+
+    proptest! {
+        /// Both paths of the softmax (keys from the row's start over whole blocks, and keys
+        /// from anywhere) give the bits of the one-value-at-a-time definition, on every row
+        /// length around the block and lane sizes, in the dispatched and baseline versions.
+        #[test]
+        fn softmax_paths_give_the_definitions_bits(
+            (width, own_lo, own_len, seed) in (1usize..6)
+                .prop_flat_map(|blocks| (Just(blocks * VEC), 0..blocks * VEC))
+                .prop_flat_map(|(width, lo)| (Just(width), prop_oneof![Just(0), Just(lo)], 1..=width, any::<u32>()))
+        ) {
+            let own_hi = (own_lo + own_len).min(width);
+            let own_lo = own_lo.min(own_hi - 1);
+            let value = |i: usize| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 / u32::MAX as f32 * 40.0 - 20.0;
+            let row: Vec<f32> = (0..width).map(value).collect();
+            let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let mut want = row.clone();
+            softmax_one_at_a_time(&mut want, own_lo, own_hi, 0.125);
+            let (mut a, mut b) = (row.clone(), row);
+            softmax_row(&mut a, own_lo, own_hi, 0.125);
+            softmax_row_body(&mut b, own_lo, own_hi, 0.125);
+            prop_assert_eq!(bits(&a), bits(&want));
+            prop_assert_eq!(bits(&b), bits(&want));
         }
     }
 }
