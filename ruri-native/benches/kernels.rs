@@ -20,6 +20,9 @@ fn kernels(c: &mut Criterion) {
         ("mlp_wo", 900, 256, 1024),
         ("wi_query", 28, 2048, 256),
         ("square", 1024, 1024, 1024),
+        ("wi_64", 64, 2048, 256),
+        ("mlp_wo_64", 64, 256, 1024),
+        ("wqkv_96", 96, 768, 256),
     ];
     for kernel in Kernel::available() {
         let mut group = c.benchmark_group(format!("int8_gemm/{kernel}"));
