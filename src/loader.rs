@@ -72,9 +72,11 @@ impl BackendKind {
     /// | `candle` alone | `Candle` |
     /// | none | `Native`, whose [`validate`] then names the feature to turn on |
     ///
-    /// The native engine is first because it beat ONNX Runtime on the interleaved comparison
-    /// at both fp32 and int8 (BENCHMARKS.md: the 30m shape, 5 alternated rounds), starts in
-    /// half the time with a third of the memory, and needs no shared library at run time.
+    /// The native engine is first because it runs int8 at 2–2.8× ONNX Runtime's throughput
+    /// (BENCHMARKS.md: the 30m shape, 5 alternated rounds), starts in a third of the time
+    /// with a third of the memory, and needs no shared library at run time; at fp32 it beat
+    /// ruri's fused ONNX Runtime graph once (1.13×) and is at 0.9× of it in the later quiet
+    /// runs (BENCHMARKS.md).
     /// ONNX Runtime is next: it runs `model.safetensors` at fp32 and int8 as well, and is
     /// the one backend for ONNX files (an ONNX-only folder needs `backend ort`, which the
     /// loader names rather than switching to it unasked). candle runs fp32, bf16 and fp16.

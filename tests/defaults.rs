@@ -1,5 +1,5 @@
 //! The facade's defaults (issue 21, item 7): with no backend named, a model runs on the
-//! native engine (it beat ONNX Runtime at fp32 and int8), at fp32; a model with ONNX files
+//! native engine (the fastest at int8; see BENCHMARKS.md for fp32), at fp32; a model with ONNX files
 //! only is refused with a typed error that names backend ort, which runs it.
 //!
 //! These tests fail if the default moves off the native engine: the loaded backend is checked

@@ -204,7 +204,7 @@ impl Engine {
     /// Loads `model` (a folder, or a Hub model id with the `hub` feature) on `backend`
     /// ("native", "ort" or "candle") at `precision`.
     #[new]
-    #[pyo3(signature = (model, backend, precision, whitespace, runtime_path=None, intra_threads=None, sessions=None, max_batch_tokens=None, revision=None, cache_folder=None, token=None, local_files_only=false))]
+    #[pyo3(signature = (model, backend, precision, whitespace, runtime_path=None, intra_threads=None, sessions=None, max_batch_tokens=None, revision=None, cache_folder=None, token=None, local_files_only=false, prequantized=false))]
     #[allow(
         clippy::too_many_arguments,
         reason = "a Python signature of keyword arguments"
@@ -223,6 +223,7 @@ impl Engine {
         cache_folder: Option<PathBuf>,
         token: Option<String>,
         local_files_only: bool,
+        prequantized: bool,
     ) -> PyResult<Self> {
         let config = engine_config(
             backend,
@@ -233,7 +234,8 @@ impl Engine {
             sessions,
             max_batch_tokens,
         )
-        .map_err(|e| to_py(py, e, Phase::Load))?;
+        .map_err(|e| to_py(py, e, Phase::Load))?
+        .prequantized(prequantized);
         let hub = HubOptions {
             revision,
             cache_folder,

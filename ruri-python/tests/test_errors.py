@@ -125,6 +125,20 @@ def test_folder_without_model_files(tmp_path):
             ruri.Embedder(folder, backend=backend)
 
 
+def test_prequantized_reads_ruris_int8_file_and_only_on_native_int8(tmp_path):
+    # The tiny folder has no model.ruri-int8.safetensors: asked for, it is the missing file
+    # (the option reaches the loader; the vectors it gives are tested in Rust, in
+    # ruri-native/tests/prequant.rs and ruri-cli/tests/quantize.rs).
+    folder = copy_tiny(tmp_path)
+    with pytest.raises(ruri.ModelLoadError, match=r"missing file .*model\.ruri-int8\.safetensors"):
+        ruri.Embedder(folder, backend="native", precision="int8", prequantized=True)
+    # Without it, the same folder loads.
+    assert ruri.Embedder(folder, backend="native", precision="int8").encode("x").shape == (64,)
+    for kwargs in ({"backend": "native", "precision": "fp32"}, {"backend": "ort"}):
+        with pytest.raises(ruri.InputError, match="prequantized"):
+            ruri.Embedder(folder, prequantized=True, **kwargs)
+
+
 def test_an_onnx_only_folder_needs_backend_ort_and_the_error_says_so(tmp_path):
     folder = copy_tiny(tmp_path, keep=lambda n: n != "model.safetensors")
     for kwargs in ({}, {"backend": "native"}, {"backend": "native", "precision": "fp32"}):

@@ -130,6 +130,11 @@ pub struct ModelArgs {
     /// Whitespace at the ends of prompt + text.
     #[arg(long, env = "RURI_WHITESPACE", value_enum, default_value_t = WhitespaceArg::Keep)]
     pub whitespace: WhitespaceArg,
+    /// Read ruri's int8 file, model.ruri-int8.safetensors (written by `ruri quantize`),
+    /// instead of quantizing model.safetensors at start: the same vectors, a faster start
+    /// (backend native, --precision int8).
+    #[arg(long, env = "RURI_PREQUANTIZED")]
+    pub prequantized: bool,
 }
 
 impl Args {
@@ -140,6 +145,7 @@ impl Args {
             .backend(model.backend)
             .precision(model.precision)
             .whitespace(model.whitespace.into())
+            .prequantized(model.prequantized)
             .threads(self.threads)
             .sessions(self.sessions);
         match &model.onnx_file {

@@ -247,5 +247,52 @@ fn every_front_end_reaches_the_same_config_and_the_same_refusal() {
         assert_eq!((name, value.as_str()), ("threads", "2"));
         assert!(message.contains("ONNX Runtime options"), "{message}");
     }
+
+    // ruri's int8 file: `--prequantized`, `RURI_PREQUANTIZED=true` and Python's
+    // `prequantized=True` (ruri-python passes it to `EmbedderConfig::prequantized`) reach one
+    // config: accepted on native at int8, refused with one message on native at fp32 and on
+    // ort.
+    for (backend, precision, accepted) in [
+        ("native", "int8", true),
+        ("native", "fp32", false),
+        ("ort", "int8", false),
+    ] {
+        let argv = [
+            "ruri-server",
+            "--model",
+            "m",
+            "--backend",
+            backend,
+            "--precision",
+            precision,
+            "--prequantized",
+        ];
+        let example = ExampleArgs::try_parse_from(argv).unwrap().model.config();
+        let flags = server_from_flags(&argv).embedder_config();
+        let env = server_from_env(&[
+            ("RURI_MODEL", "m"),
+            ("RURI_BACKEND", backend),
+            ("RURI_PRECISION", precision),
+            ("RURI_PREQUANTIZED", "true"),
+        ])
+        .embedder_config();
+        let python = EmbedderConfig::from_names(backend, precision, "keep")
+            .unwrap()
+            .prequantized(true);
+        let mut messages = Vec::new();
+        for config in [&example, &flags, &env] {
+            assert_eq!(config, &python, "{backend} {precision}");
+            let got = refused(config.validate());
+            assert_eq!(got.is_none(), accepted, "{backend} {precision}: {got:?}");
+            if let Some((name, value, message)) = got {
+                assert_eq!((name, value.as_str()), ("prequantized", "true"));
+                messages.push(message);
+            }
+        }
+        assert!(messages.windows(2).all(|pair| pair[0] == pair[1]));
+        // Without the flag the server's config does not ask for the file.
+        let plain = server_from_flags(&argv[..argv.len() - 1]).embedder_config();
+        assert_ne!(plain, python, "{backend} {precision}");
+    }
     set_ruri_env(&[]);
 }
