@@ -1,6 +1,7 @@
 #![allow(missing_docs)] // criterion_group! generates an undocumented function
 //! The int8 GEMM kernels (and the fp32 GEMM) on the linears of the 30m shape (M = 900 token rows, about one
-//! 32-document batch of the workload) and on a square shape, in multiply-adds per second
+//! 32-document batch of the workload; and the 64- and 96-row chunks the engine multiplies at
+//! a time) and on a square shape, in multiply-adds per second
 //! (`Throughput::Elements` counts MACs), on every kernel this CPU runs (on AVX-512 CPUs that
 //! includes `avx512vnni256`, the AVX-VNNI kernel's source in its EVEX encoding); and the
 //! MLP's GeGLU on one 64-row chunk of the 30m shape's 1,024 intermediate channels, in values
@@ -12,7 +13,8 @@ use ruri_native::Kernel;
 use ruri_native::bench::{Fp32Gemm, Gemm, geglu};
 
 fn kernels(c: &mut Criterion) {
-    // (name, M, N, K): Wqkv, attention Wo, Wi, MLP Wo of ruri-v3-30m; one query; a square.
+    // (name, M, N, K): Wqkv, attention Wo, Wi, MLP Wo of ruri-v3-30m; one query; a square;
+    // the engine's chunks (MLP_CHUNK = 64 rows of Wi and MLP Wo, ROW_CHUNK = 96 of Wqkv).
     let shapes = [
         ("wqkv", 900, 768, 256),
         ("attn_wo", 900, 256, 256),
