@@ -226,29 +226,41 @@ fn softmax_row_body(s: &mut [f32], own_lo: usize, own_hi: usize, scale: f32) {
 /// (exps are positive, so no `−0.0` turns into `+0.0`).
 #[inline(always)]
 fn softmax_row_from_zero(s: &mut [f32], own_hi: usize, scale: f32) {
+    // Whole blocks of the query's keys, then the block it ends in (if any), whose lanes
+    // past `own_hi` are left out of the max and set to zero.
+    let full = own_hi / VEC * VEC;
+    let rest = own_hi - full;
+    let (body, last) = s.split_at_mut(full);
+    let mut last: Option<&mut [f32; VEC]> = last.try_into().ok();
     let mut lanes = [f32::NEG_INFINITY; VEC];
-    for (b, c) in s.chunks_exact_mut(VEC).enumerate() {
+    for c in body.chunks_exact_mut(VEC) {
         let c: &mut [f32; VEC] = c.try_into().expect("a block");
+        for (m, v) in lanes.iter_mut().zip(c.iter_mut()) {
+            *v *= scale;
+            *m = m.max(*v);
+        }
+    }
+    if let Some(c) = &mut last {
         for (i, (m, v)) in lanes.iter_mut().zip(c.iter_mut()).enumerate() {
             *v *= scale;
-            let own = b * VEC + i < own_hi;
-            *m = m.max(if own { *v } else { f32::NEG_INFINITY });
+            *m = m.max(if i < rest { *v } else { f32::NEG_INFINITY });
         }
     }
     let max = lanes.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
-    for (b, c) in s.chunks_exact_mut(VEC).enumerate() {
-        let c: &mut [f32; VEC] = c.try_into().expect("a block");
+    // A plain loop over the whole blocks: the compiler interleaves several vectors of exp
+    // (a long dependent chain), which fixed-size blocks one at a time did not get.
+    for v in body.iter_mut() {
+        *v = crate::math::exp(*v - max);
+    }
+    if let Some(c) = &mut last {
         for (i, v) in c.iter_mut().enumerate() {
             let e = crate::math::exp(*v - max);
-            *v = if b * VEC + i < own_hi { e } else { 0.0 };
+            *v = if i < rest { e } else { 0.0 };
         }
     }
     let total = crate::math::sum(s);
-    for c in s.chunks_exact_mut(VEC) {
-        let c: &mut [f32; VEC] = c.try_into().expect("a block");
-        for v in c.iter_mut() {
-            *v /= total;
-        }
+    for v in s.iter_mut() {
+        *v /= total;
     }
 }
 
