@@ -84,6 +84,18 @@ fn server_from_env(vars: &[(&str, &str)]) -> ruri_server::cli::Args {
     ruri_server::cli::Args::try_parse_from(["ruri-server"]).expect("parsing the environment")
 }
 
+/// `--model m --backend B --precision P`.
+fn model_flags<'a>(backend: &'a str, precision: &'a str) -> Vec<&'a str> {
+    vec![
+        "--model",
+        "m",
+        "--backend",
+        backend,
+        "--precision",
+        precision,
+    ]
+}
+
 #[test]
 fn every_front_end_reaches_the_same_config_and_the_same_refusal() {
     let mut checked = 0;
@@ -92,16 +104,8 @@ fn every_front_end_reaches_the_same_config_and_the_same_refusal() {
             for whitespace in ["keep", "strip"] {
                 for onnx_file in [false, true] {
                     let case = format!("{backend} {precision} {whitespace} onnx_file={onnx_file}");
-                    let mut flags = vec![
-                        "--model",
-                        "m",
-                        "--backend",
-                        backend,
-                        "--precision",
-                        precision,
-                        "--whitespace",
-                        whitespace,
-                    ];
+                    let mut flags = model_flags(backend, precision);
+                    flags.extend(["--whitespace", whitespace]);
                     let mut vars = vec![
                         ("RURI_MODEL", "m"),
                         ("RURI_BACKEND", backend),
@@ -257,17 +261,10 @@ fn every_front_end_reaches_the_same_config_and_the_same_refusal() {
         ("native", "fp32", false),
         ("ort", "int8", false),
     ] {
-        let argv = [
-            "ruri-server",
-            "--model",
-            "m",
-            "--backend",
-            backend,
-            "--precision",
-            precision,
-            "--prequantized",
-        ];
-        let example = ExampleArgs::try_parse_from(argv).unwrap().model.config();
+        let mut argv = vec!["ruri-server"];
+        argv.extend(model_flags(backend, precision));
+        argv.push("--prequantized");
+        let example = ExampleArgs::try_parse_from(&argv).unwrap().model.config();
         let flags = server_from_flags(&argv).embedder_config();
         let env = server_from_env(&[
             ("RURI_MODEL", "m"),
