@@ -150,6 +150,7 @@ pub mod bench {
         weights: PackedWeights,
         a: QuantRows,
         c: Vec<i32>,
+        scratch: Vec<u8>,
     }
 
     impl Gemm {
@@ -168,12 +169,17 @@ pub mod bench {
                 a.sums[r] = row.iter().map(|&v| i32::from(v)).sum();
             }
             let c = vec![0; m * weights.n_padded];
-            Self { weights, a, c }
+            Self {
+                weights,
+                a,
+                c,
+                scratch: Vec::new(),
+            }
         }
 
         /// One multiplication; returns a checksum so that it cannot be optimized away.
         pub fn run(&mut self) -> i64 {
-            self.weights.gemm(&self.a, &mut self.c);
+            self.weights.gemm(&self.a, &mut self.c, &mut self.scratch);
             self.c.iter().step_by(61).map(|&v| i64::from(v)).sum()
         }
     }
@@ -246,7 +252,7 @@ pub mod bench {
             rows.sums[r] = row.iter().map(|&v| i32::from(v)).sum();
         }
         let mut c = vec![0; m * weights.n_padded];
-        weights.gemm(&rows, &mut c);
+        weights.gemm(&rows, &mut c, &mut Vec::new());
         Some(
             c.chunks_exact(weights.n_padded.max(1))
                 .take(m)

@@ -310,9 +310,9 @@ impl Int8 {
     }
 
     /// The integer products of every staged row.
-    fn run(&self, q: &QuantRows, acc: &mut Vec<i32>) {
+    fn run(&self, q: &QuantRows, acc: &mut Vec<i32>, scratch: &mut Vec<u8>) {
         grow(acc, q.rows() * self.packed.n_padded);
-        self.packed.gemm(q, acc);
+        self.packed.gemm(q, acc, scratch);
     }
 
     /// Row `r` of the output: `y = (f32(acc) · s_x) · s_w`, then `y += x_c · w_c` for each
@@ -522,10 +522,10 @@ impl Linear {
                 grow(&mut s.y, s.rows * n);
                 simd_f32::fp32_gemm(&s.x, s.rows, *k, w, *n, &mut s.y, false);
             }
-            Linear::Int8(p) => p.run(&s.main, &mut s.acc_main),
+            Linear::Int8(p) => p.run(&s.main, &mut s.acc_main, &mut s.kernel),
             Linear::Split { main, side } => {
-                main.run(&s.main, &mut s.acc_main);
-                side.run(&s.side, &mut s.acc_side);
+                main.run(&s.main, &mut s.acc_main, &mut s.kernel);
+                side.run(&s.side, &mut s.acc_side, &mut s.kernel);
             }
         }
     }
@@ -708,6 +708,8 @@ pub(crate) struct LinearScratch {
     side: QuantRows,
     acc_main: Vec<i32>,
     acc_side: Vec<i32>,
+    /// The kernel's own copy of the staged rows (see `PackedWeights::gemm`).
+    kernel: Vec<u8>,
     outlier_x: Vec<f32>,
     /// One input row while it is quantized, a split's gathered columns.
     row: Vec<f32>,

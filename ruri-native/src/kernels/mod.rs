@@ -374,7 +374,12 @@ impl PackedWeights {
 
     /// `c[r * n_padded + col] = Σₖ a[r][k] · w[col][k]` for every row of `a`; `c` holds
     /// `a.rows() × n_padded` values (the padded columns get values that mean nothing).
-    pub(crate) fn gemm(&self, a: &QuantRows, c: &mut [i32]) {
+    /// `scratch` holds what a kernel derives from `a` (AMX: its unsigned copy), kept by the
+    /// caller from call to call.
+    pub(crate) fn gemm(&self, a: &QuantRows, c: &mut [i32], scratch: &mut Vec<u8>) {
+        // Only the AMX kernel keeps anything there.
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = scratch;
         assert_eq!(
             a.k_padded, self.k_padded,
             "activation and weight widths differ"
@@ -437,6 +442,7 @@ impl PackedWeights {
                 &self.bias,
                 self.n_padded,
                 c,
+                scratch,
             ),
             #[cfg(not(target_arch = "x86_64"))]
             Kernel::Amx => unreachable!("x86 kernels are refused on other targets at build time"),
@@ -554,7 +560,7 @@ mod tests {
     fn run(kernel: Kernel, a: &QuantRows, w: &[i8], n: usize, k: usize) -> Vec<i32> {
         let packed = PackedWeights::pack(kernel, w, n, k, vec![1.0; n]);
         let mut c = vec![0; a.rows() * packed.n_padded];
-        packed.gemm(a, &mut c);
+        packed.gemm(a, &mut c, &mut Vec::new());
         c.chunks_exact(packed.n_padded)
             .flat_map(|row| row[..n].to_vec())
             .collect()

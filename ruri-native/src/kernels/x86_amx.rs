@@ -39,6 +39,8 @@ pub(super) fn available() -> bool {
 fn cpu_has_amx_int8() -> bool {
     use std::arch::x86_64::{__cpuid, __cpuid_count};
     // SAFETY: CPUID exists on every x86-64 CPU; leaf 7 is read only when leaf 0 reports it.
+    // (`__cpuid` is a safe function in the Rust that builds here, an unsafe one in older
+    // releases the declared rust-version may mean: hence the allowance.)
     #[allow(unused_unsafe)]
     let (max_leaf, leaf1) = unsafe { (__cpuid(0).eax, __cpuid(1)) };
     if max_leaf < 7 {
@@ -114,7 +116,9 @@ impl TileConfig {
 /// `c[r * n_padded + j] = Σₖ a[r][k] · w[j][k]` with `tdpbusd`. `a` is `rows × k_padded`
 /// signed bytes; `w` is packed in panels of 16 columns over `k_steps · 64` k (k quads of 16
 /// columns × 4 bytes, padding 0); `bias[j] = −128 · Σₖ w[j][k]` for each of the `n_padded`
-/// columns (a multiple of 16).
+/// columns (a multiple of 16). `ua` is scratch for A's unsigned copy (kept by the caller
+/// from call to call, so that no call allocates).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn gemm(
     a: &[i8],
     rows: usize,
@@ -123,6 +127,7 @@ pub(super) fn gemm(
     bias: &[i32],
     n_padded: usize,
     c: &mut [i32],
+    ua: &mut Vec<u8>,
 ) {
     assert!(available(), "AMX kernel on a CPU (or OS) without it");
     let k_steps = k_padded.div_ceil(K_STEP);
@@ -136,7 +141,8 @@ pub(super) fn gemm(
     // A as u8 (a + 128, the bits of a with the top one flipped), K padded to whole steps
     // and rows to whole tiles with 128 (a = 0: adds nothing; padded rows are never stored).
     let rows_padded = rows.div_ceil(TILE) * TILE;
-    let mut ua = vec![0x80u8; rows_padded * kp];
+    ua.clear();
+    ua.resize(rows_padded * kp, 0x80);
     for (dst, src) in ua
         .chunks_exact_mut(kp)
         .zip(a.chunks_exact(k_padded.max(1)))
@@ -155,7 +161,7 @@ pub(super) fn gemm(
     // `rows`) or a local 16 × 16 buffer (checked above).
     unsafe {
         asm!("ldtilecfg [{}]", in(reg) &config, options(nostack, readonly));
-        blocks(&ua, kp, rows, w, bias, n_padded, c);
+        blocks(ua, kp, rows, w, bias, n_padded, c);
         asm!("tilerelease", options(nostack, nomem));
     }
 }
