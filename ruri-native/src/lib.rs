@@ -115,6 +115,14 @@
 //! no parallelism (`wasm32-unknown-unknown`, which has no threads) the default is one thread
 //! and no pool is started.
 //!
+//! One text alone runs on the caller's thread (a pool's wake-ups cost a short text more than
+//! they save) up to 128 tokens, and on the pool above. With int8 weights and more than one
+//! thread, a text of at most 32 tokens (a query) shares the columns of each int8 product
+//! with one helper thread. The helper is started on the first such text; it spins for
+//! 200 µs after each product, then parks. Each column is still computed whole by one kernel,
+//! so the vectors keep their bits. On a 2-core Xeon with AMX it took a query's p50 from 0.72
+//! to 0.62 ms (BENCHMARKS.md).
+//!
 //! # Memory
 //!
 //! Weights are held once (the backend is `Send + Sync`; share it behind the embedder). The
@@ -125,6 +133,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod attention;
+mod helper;
 #[cfg(feature = "hub")]
 mod hub;
 mod kernels;
@@ -499,6 +508,9 @@ impl NativeBuilder {
 pub struct NativeBackend {
     model: Model,
     pool: Option<rayon::ThreadPool>,
+    /// With more than one thread and int8 weights: a helper for short texts' products
+    /// (`helper.rs`), started on first use; `None` inside if it could not start.
+    helper: std::sync::OnceLock<Option<std::sync::Arc<helper::Helper>>>,
     weights: PathBuf,
     precision: Precision,
 }
@@ -640,9 +652,22 @@ impl NativeBackend {
         Ok(Self {
             model,
             pool,
+            helper: std::sync::OnceLock::new(),
             weights,
             precision,
         })
+    }
+
+    /// The helper for a short text's int8 products: with int8 weights and more than one
+    /// thread, started on first use. A thread that cannot start leaves the text on the
+    /// caller's thread alone (the same vectors, only slower).
+    fn helper(&self) -> Option<std::sync::Arc<helper::Helper>> {
+        if self.pool.is_none() || self.model.kernel().is_none() {
+            return None;
+        }
+        self.helper
+            .get_or_init(|| helper::Helper::start().ok().map(std::sync::Arc::new))
+            .clone()
     }
 
     /// The precision the encoder runs in.
@@ -735,7 +760,7 @@ impl Backend for NativeBackend {
                                 positions: &positions[base..end],
                                 offsets: &local,
                             };
-                            *result = self.model.embed(&packed, chunk, None);
+                            *result = self.model.embed(&packed, chunk, None, None);
                         });
                     }
                 });
@@ -749,12 +774,18 @@ impl Backend for NativeBackend {
                 };
                 // Splitting one short text's layers over the workers costs a wake-up per
                 // layer step (measured: a 10-token query took 1.7 ms on two workers, 0.9 ms
-                // on one); long texts gain from it.
-                let pool = self
-                    .pool
-                    .as_ref()
-                    .filter(|_| ids.len() >= INTRA_TEXT_MIN_TOKENS);
-                self.model.embed(&packed, &mut out, pool)?;
+                // on one); long texts gain from it. A query-sized one shares its int8
+                // products' columns with the helper thread instead (the helper slowed a
+                // 76-token text by ≈ 8 %: BENCHMARKS.md, sixth step).
+                if ids.len() >= INTRA_TEXT_MIN_TOKENS {
+                    self.model
+                        .embed(&packed, &mut out, self.pool.as_ref(), None)?;
+                } else {
+                    let helper = (ids.len() <= linear::HELPER_MAX_ROWS)
+                        .then(|| self.helper())
+                        .flatten();
+                    self.model.embed(&packed, &mut out, None, helper)?;
+                }
             }
         }
         let pooled = Array2::from_shape_vec((rows, h), out).map_err(|e| Error::ModelOutput {

@@ -21,6 +21,9 @@
 //!   scale and per-output weight scales, added in that order: `out (+)= y_others`, then
 //!   `out += y_writers`. One group's large values no longer set the other's step.
 
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::helper::{Helper, Pieces};
 use crate::kernels::{Kernel, PackedWeights, QuantRows, simd_f32};
 
 /// An input channel is an outlier when its weight column's norm is below this fraction of
@@ -39,6 +42,14 @@ pub(crate) const PARALLEL_MIN_ROWS: usize = 4;
 /// Rows staged and multiplied together: their products (`ROW_CHUNK × n` i32) stay in L2
 /// for the epilogue (two of the microkernels' row blocks).
 const ROW_CHUNK: usize = 96;
+/// Products of at most this many rows share their columns with a helper thread, when the
+/// call has one (a short text alone: see [`crate::helper`]).
+pub(crate) const HELPER_MAX_ROWS: usize = 32;
+/// Pieces a product is cut into for the helper: halves. Each piece costs a kernel call (and
+/// AMX a tile configuration and a copy of A): with pieces of 64 columns a query took 18 %
+/// longer on AMX than with no helper at all, with quarters ≈ 10 % longer than with halves
+/// (BENCHMARKS.md, sixth step).
+const HELPER_PIECES: usize = 2;
 /// Rows are split evenly (the microkernels take tiles of any height up to theirs; a query
 /// of 10 tokens splits 5 + 5 rather than 6 + 4).
 const ROW_GRAIN: usize = 1;
@@ -309,10 +320,52 @@ impl Int8 {
         q.sums[r] = sum;
     }
 
-    /// The integer products of every staged row.
-    fn run(&self, q: &QuantRows, acc: &mut Vec<i32>, scratch: &mut Vec<u8>) {
-        grow(acc, q.rows() * self.packed.n_padded);
-        self.packed.gemm(q, acc, scratch);
+    /// The integer products of every staged row; with a helper, a few rows' columns are
+    /// shared with it (see [`crate::helper`]), with the same values.
+    fn run(
+        &self,
+        q: &QuantRows,
+        acc: &mut Vec<i32>,
+        scratch: &mut Vec<u8>,
+        helper: Option<(&Helper, &mut Vec<i32>)>,
+    ) {
+        let (rows, np) = (q.rows(), self.packed.n_padded);
+        grow(acc, rows * np);
+        const PIECE: usize = PackedWeights::COLUMN_PIECE;
+        match helper {
+            Some((helper, split)) if rows <= HELPER_MAX_ROWS && np >= 2 * PIECE => {
+                // HELPER_PIECES pieces of whole PIECEs of columns (the last what is left),
+                // each a block of `rows × width` in `split`, then put back in rows.
+                let per = np.div_ceil(PIECE).div_ceil(HELPER_PIECES) * PIECE;
+                let columns: Vec<usize> = (0..np).step_by(per).chain([np]).collect();
+                let bounds: Vec<usize> = columns.iter().map(|&c| c * rows).collect();
+                grow(split, rows * np);
+                {
+                    let pieces = Pieces::new(&mut split[..rows * np], &bounds);
+                    let mine = Mutex::new(scratch);
+                    helper.run(columns.len() - 1, &|i, worker| {
+                        let out = pieces.take(i).expect("each piece is run once");
+                        let cols = columns[i]..columns[i + 1];
+                        let run = |s: &mut Vec<u8>| self.packed.gemm_columns(q, cols, out, s);
+                        match worker {
+                            0 => run(&mut mine.lock().unwrap_or_else(PoisonError::into_inner)),
+                            _ => run(&mut helper
+                                .scratch
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner)),
+                        }
+                    });
+                }
+                for (w, piece) in columns.windows(2).zip(bounds.windows(2)) {
+                    let width = w[1] - w[0];
+                    let block = &split[piece[0]..piece[1]];
+                    for (r, src) in block.chunks_exact(width).enumerate() {
+                        acc[r * np + w[0]..r * np + w[1]].copy_from_slice(src);
+                    }
+                }
+            }
+            _ => self.packed.gemm(q, acc, scratch),
+        }
     }
 
     /// Row `r` of the output: `y = (f32(acc) · s_x) · s_w`, then `y += x_c · w_c` for each
@@ -522,10 +575,15 @@ impl Linear {
                 grow(&mut s.y, s.rows * n);
                 simd_f32::fp32_gemm(&s.x, s.rows, *k, w, *n, &mut s.y, false);
             }
-            Linear::Int8(p) => p.run(&s.main, &mut s.acc_main, &mut s.kernel),
+            Linear::Int8(p) => {
+                let helper = s.helper.as_deref().map(|h| (h, &mut s.split));
+                p.run(&s.main, &mut s.acc_main, &mut s.kernel, helper);
+            }
             Linear::Split { main, side } => {
-                main.run(&s.main, &mut s.acc_main, &mut s.kernel);
-                side.run(&s.side, &mut s.acc_side, &mut s.kernel);
+                let helper = s.helper.as_deref().map(|h| (h, &mut s.split));
+                main.run(&s.main, &mut s.acc_main, &mut s.kernel, helper);
+                let helper = s.helper.as_deref().map(|h| (h, &mut s.split));
+                side.run(&s.side, &mut s.acc_side, &mut s.kernel, helper);
             }
         }
     }
@@ -710,6 +768,9 @@ pub(crate) struct LinearScratch {
     acc_side: Vec<i32>,
     /// The kernel's own copy of the staged rows (see `PackedWeights::gemm`).
     kernel: Vec<u8>,
+    /// A helper thread for short calls' int8 products, and their pieces' products.
+    pub(crate) helper: Option<Arc<Helper>>,
+    split: Vec<i32>,
     outlier_x: Vec<f32>,
     /// One input row while it is quantized, a split's gathered columns.
     row: Vec<f32>,
@@ -723,6 +784,16 @@ pub(crate) struct MlpScratch {
     wo: LinearScratch,
     /// One row of Wi's output.
     y: Vec<f32>,
+}
+
+impl MlpScratch {
+    /// Scratch whose products share their columns with `helper` (see [`LinearScratch`]).
+    pub(crate) fn with_helper(helper: Option<Arc<Helper>>) -> Self {
+        let mut s = Self::default();
+        s.wi.helper = helper.clone();
+        s.wo.helper = helper;
+        s
+    }
 }
 
 /// Rows of the MLP computed together: Wi's output for them (`MLP_CHUNK × 2·intermediate`)
@@ -923,6 +994,71 @@ mod tests {
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&want), "{wi:?}");
             assert_ne!(got, x);
+        }
+    }
+
+    /// A short call's products shared with a helper thread, column piece by piece, give
+    /// the same bits as on one thread, on every kernel: a product with an outlier channel
+    /// (its last piece narrower than the others), a split one, and the fused MLP.
+    #[test]
+    fn a_helper_takes_columns_with_the_same_bits() {
+        let helper = Some(Arc::new(Helper::start().expect("a thread")));
+        let (n, k) = (200usize, 100usize);
+        let value = |i: usize| ((i * 7919) % 211) as f32 / 105.0 - 1.0;
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| {
+                if i % k == 9 {
+                    value(i) * 0.01
+                } else {
+                    value(i)
+                }
+            })
+            .collect();
+        let outliers = detect_outliers(&w, n, k);
+        assert_eq!(outliers, vec![9]);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for kernel in Kernel::available() {
+            let q = &mut Vec::new();
+            let layers = [
+                Linear::int8(kernel, &mut w.clone(), n, k, outliers.clone(), q),
+                Linear::int8_split(kernel, &w, n, k, vec![1, 50, 51], q),
+            ];
+            for layer in &layers {
+                for rows in [1, 2, 7, HELPER_MAX_ROWS, HELPER_MAX_ROWS + 1] {
+                    let x: Vec<f32> = (0..rows * k)
+                        .map(|i| if i % k == 9 { 40.0 } else { value(i + rows) })
+                        .collect();
+                    let (mut alone, mut shared) = (vec![0.0; rows * n], vec![0.0; rows * n]);
+                    layer.forward(&x, rows, &mut alone, false, &mut LinearScratch::default());
+                    let mut scratch = LinearScratch {
+                        helper: helper.clone(),
+                        ..LinearScratch::default()
+                    };
+                    layer.forward(&x, rows, &mut shared, false, &mut scratch);
+                    assert_eq!(bits(&shared), bits(&alone), "{kernel:?}, {rows} rows");
+                }
+            }
+            // The fused MLP (Wi 2 × 96 units wide, Wo back to 128).
+            let (h, u, rows) = (128usize, 96usize, 9usize);
+            let wi: Vec<f32> = (0..2 * u * h).map(|i| value(i + 5)).collect();
+            let wo: Vec<f32> = (0..h * u).map(|i| value(i + 9) * 0.3).collect();
+            let wi = Linear::int8(kernel, &mut wi.clone(), 2 * u, h, Vec::new(), q);
+            let wo = Linear::int8(kernel, &mut wo.clone(), h, u, Vec::new(), q);
+            let norm = vec![1.0f32; h];
+            let x: Vec<f32> = (0..rows * h).map(|i| value(i + 1)).collect();
+            let (mut alone, mut shared) = (x.clone(), x.clone());
+            geglu_mlp(
+                &wi,
+                &wo,
+                &norm,
+                1e-5,
+                &mut alone,
+                &mut MlpScratch::default(),
+            );
+            let mut s = MlpScratch::with_helper(helper.clone());
+            geglu_mlp(&wi, &wo, &norm, 1e-5, &mut shared, &mut s);
+            assert_eq!(bits(&shared), bits(&alone), "{kernel:?}, the MLP");
+            assert_ne!(alone, x);
         }
     }
 

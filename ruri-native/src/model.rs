@@ -3,11 +3,13 @@
 //! as the final norm is applied. Each step names the transformers behaviour it matches.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use ruri_core::config::AttentionKind;
 use ruri_core::{Error, ModelConfig, Result};
 
 use crate::attention::{AttentionScratch, Head, attend_head};
+use crate::helper::Helper;
 use crate::kernels::Kernel;
 use crate::kernels::simd_f32;
 use crate::linear::{
@@ -807,6 +809,7 @@ impl Model {
         packed: &Packed<'_>,
         out: &mut [f32],
         pool: Option<&rayon::ThreadPool>,
+        helper: Option<Arc<Helper>>,
     ) -> Result<()> {
         let h = self.hidden();
         let tokens = packed.ids.len();
@@ -817,7 +820,7 @@ impl Model {
             self.embedding(id, &mut e)?;
             simd_f32::layer_norm(&e[..h], &self.emb_norm, self.eps, row);
         }
-        let mut scratch = Scratch::new(tokens, &self.config);
+        let mut scratch = Scratch::new(tokens, &self.config, helper);
         for layer in &self.layers {
             self.attention_block(layer, packed, &mut x, &mut scratch, pool);
             self.mlp_block(layer, &mut x, &mut scratch, pool);
@@ -947,13 +950,15 @@ struct Scratch {
 }
 
 impl Scratch {
-    fn new(tokens: usize, c: &ModelConfig) -> Self {
+    fn new(tokens: usize, c: &ModelConfig, helper: Option<Arc<Helper>>) -> Self {
         let h = c.hidden_size;
+        let mut linear = LinearScratch::default();
+        linear.helper = helper.clone();
         Self {
             qkv: vec![0.0; tokens * 3 * h],
             ctx: vec![0.0; tokens * h],
-            linear: LinearScratch::default(),
-            mlp: MlpScratch::default(),
+            linear,
+            mlp: MlpScratch::with_helper(helper),
             attention: AttentionScratch::default(),
             angles: Vec::new(),
         }

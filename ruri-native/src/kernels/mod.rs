@@ -377,6 +377,46 @@ impl PackedWeights {
     /// `scratch` holds what a kernel derives from `a` (AMX: its unsigned copy), kept by the
     /// caller from call to call.
     pub(crate) fn gemm(&self, a: &QuantRows, c: &mut [i32], scratch: &mut Vec<u8>) {
+        self.gemm_columns(a, 0..self.n_padded, c, scratch)
+    }
+
+    /// Columns a multiple of this (or the last ones) can be computed apart by
+    /// [`PackedWeights::gemm_columns`]: every kernel's column block divides it.
+    pub(crate) const COLUMN_PIECE: usize = 64;
+
+    /// [`PackedWeights::gemm`] for the columns `cols` only, into `c` with a row stride of
+    /// `cols.len()`: `cols.start` a multiple of [`Self::COLUMN_PIECE`], `cols.end` one too
+    /// or `n_padded`. Each column's value is the one `gemm` gives it.
+    pub(crate) fn gemm_columns(
+        &self,
+        a: &QuantRows,
+        cols: std::ops::Range<usize>,
+        c: &mut [i32],
+        scratch: &mut Vec<u8>,
+    ) {
+        assert!(
+            cols.start.is_multiple_of(Self::COLUMN_PIECE)
+                && (cols.end.is_multiple_of(Self::COLUMN_PIECE) || cols.end == self.n_padded)
+                && cols.start <= cols.end
+                && cols.end <= self.n_padded,
+            "columns {cols:?} are not whole pieces of {}",
+            self.n_padded
+        );
+        // Bytes per column of the packed data: panels keep a column's K together, so whole
+        // blocks of columns are contiguous.
+        let column_bytes = match self.kernel {
+            Kernel::Amx => round_up(self.k_padded, 64),
+            Kernel::Dotprod | Kernel::I8mm => round_up(self.k_padded, 16),
+            _ => self.k_padded,
+        };
+        let data = &self.data[cols.start * column_bytes..cols.end * column_bytes];
+        let bias = if self.bias.is_empty() {
+            &self.bias[..]
+        } else {
+            &self.bias[cols.clone()]
+        };
+        // (The scalar kernel's columns are unpadded: its n_padded is n.)
+        let n_padded = cols.len();
         // Only the AMX kernel keeps anything there.
         #[cfg(not(target_arch = "x86_64"))]
         let _ = scratch;
@@ -384,51 +424,28 @@ impl PackedWeights {
             a.k_padded, self.k_padded,
             "activation and weight widths differ"
         );
-        assert!(
-            c.len() >= a.rows() * self.n_padded,
-            "output buffer too small"
-        );
+        assert!(c.len() >= a.rows() * n_padded, "output buffer too small");
         let rows = a.rows();
         match self.kernel {
-            Kernel::Scalar => scalar_gemm(a, &self.data, self.n, self.k_padded, c),
+            Kernel::Scalar => scalar_gemm(a, data, n_padded, self.k_padded, c),
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2 => {
-                x86::avx2_gemm(&a.data, rows, self.k_padded, &self.data, self.n_padded, c)
+            Kernel::Avx2 => x86::avx2_gemm(&a.data, rows, self.k_padded, data, n_padded, c),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512Vnni => {
+                x86::vnni_gemm(&a.data, &a.sums, rows, self.k_padded, data, n_padded, c)
             }
-            #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512Vnni => x86::vnni_gemm(
-                &a.data,
-                &a.sums,
-                rows,
-                self.k_padded,
-                &self.data,
-                self.n_padded,
-                c,
-            ),
             #[cfg(not(target_arch = "x86_64"))]
             Kernel::Avx2 | Kernel::Avx512Vnni => {
                 unreachable!("x86 kernels are refused on other targets at build time")
             }
             #[cfg(target_arch = "x86_64")]
-            Kernel::AvxVnni => x86::avxvnni::gemm(
-                &a.data,
-                &a.sums,
-                rows,
-                self.k_padded,
-                &self.data,
-                self.n_padded,
-                c,
-            ),
+            Kernel::AvxVnni => {
+                x86::avxvnni::gemm(&a.data, &a.sums, rows, self.k_padded, data, n_padded, c)
+            }
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512Vnni256 => x86::avx512vnni256::gemm(
-                &a.data,
-                &a.sums,
-                rows,
-                self.k_padded,
-                &self.data,
-                self.n_padded,
-                c,
-            ),
+            Kernel::Avx512Vnni256 => {
+                x86::avx512vnni256::gemm(&a.data, &a.sums, rows, self.k_padded, data, n_padded, c)
+            }
             #[cfg(not(target_arch = "x86_64"))]
             Kernel::AvxVnni | Kernel::Avx512Vnni256 => {
                 unreachable!("x86 kernels are refused on other targets at build time")
@@ -438,30 +455,26 @@ impl PackedWeights {
                 &a.data,
                 rows,
                 self.k_padded,
-                &self.data,
-                &self.bias,
-                self.n_padded,
+                data,
+                bias,
+                n_padded,
                 c,
                 scratch,
             ),
             #[cfg(not(target_arch = "x86_64"))]
             Kernel::Amx => unreachable!("x86 kernels are refused on other targets at build time"),
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-            Kernel::Simd128 => {
-                wasm::simd128_gemm(&a.data, rows, self.k_padded, &self.data, self.n_padded, c)
-            }
+            Kernel::Simd128 => wasm::simd128_gemm(&a.data, rows, self.k_padded, data, n_padded, c),
             #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
             Kernel::Simd128 => {
                 unreachable!("the simd128 kernel is refused on other targets at build time")
             }
             #[cfg(target_arch = "aarch64")]
             Kernel::Dotprod => {
-                aarch64::dotprod_gemm(&a.data, rows, self.k_padded, &self.data, self.n_padded, c)
+                aarch64::dotprod_gemm(&a.data, rows, self.k_padded, data, n_padded, c)
             }
             #[cfg(target_arch = "aarch64")]
-            Kernel::I8mm => {
-                aarch64::i8mm_gemm(&a.data, rows, self.k_padded, &self.data, self.n_padded, c)
-            }
+            Kernel::I8mm => aarch64::i8mm_gemm(&a.data, rows, self.k_padded, data, n_padded, c),
             #[cfg(not(target_arch = "aarch64"))]
             Kernel::Dotprod | Kernel::I8mm => {
                 unreachable!("aarch64 kernels are refused on other targets at build time")
