@@ -776,7 +776,7 @@ impl Backend for NativeBackend {
                 // layer step (measured: a 10-token query took 1.7 ms on two workers, 0.9 ms
                 // on one); long texts gain from it. A query-sized one shares its int8
                 // products' columns with the helper thread instead (the helper slowed a
-                // 76-token text by ≈ 8 %: BENCHMARKS.md, sixth step).
+                // 76-token text by ≈ 10 %: BENCHMARKS.md, sixth step).
                 if ids.len() >= INTRA_TEXT_MIN_TOKENS {
                     self.model
                         .embed(&packed, &mut out, self.pool.as_ref(), None)?;
