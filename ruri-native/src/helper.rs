@@ -15,7 +15,8 @@
 //! as a raw pointer; [`Helper::run`] does not return (nor unwind) before the helper has
 //! stopped using it.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::any::Any;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -62,8 +63,9 @@ struct Shared {
     in_use: AtomicBool,
     /// A caller is in [`Helper::run`] (one at a time; the others run alone).
     busy: AtomicBool,
-    /// A piece panicked on the helper thread.
-    panicked: AtomicBool,
+    /// What a piece that panicked on the helper thread panicked with (moved, not dropped,
+    /// there: a payload whose drop panics cannot take the helper thread down).
+    payload: Mutex<Option<Box<dyn Any + Send>>>,
     /// The helper is parked; `wake` wakes it.
     parked: Mutex<bool>,
     wake: Condvar,
@@ -133,13 +135,23 @@ impl Shared {
                     None => continue,
                 }
             };
+            // Clears `in_use` however this ends.
+            let _done = Done(&self.in_use);
             // SAFETY: the caller keeps the job's frame alive until `in_use` is false again
             // (`Retract`).
-            if catch_unwind(AssertUnwindSafe(|| unsafe { claim(job, 1) })).is_err() {
-                self.panicked.store(true, Ordering::Relaxed);
+            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| unsafe { claim(job, 1) })) {
+                *self.payload.lock().unwrap_or_else(PoisonError::into_inner) = Some(payload);
             }
-            self.in_use.store(false, Ordering::Release);
         }
+    }
+}
+
+/// Sets the helper's `in_use` back to false when dropped.
+struct Done<'a>(&'a AtomicBool);
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }
 
@@ -150,8 +162,15 @@ struct Retract<'a>(&'a Shared);
 impl Drop for Retract<'_> {
     fn drop(&mut self) {
         *self.0.slot.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        // The helper is inside a piece: spin a little, then yield (it may have lost its core).
+        let mut spins = 0u32;
         while self.0.in_use.load(Ordering::Acquire) {
-            std::hint::spin_loop();
+            spins = spins.saturating_add(1);
+            if spins < 2048 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
         self.0.busy.store(false, Ordering::Release);
     }
@@ -165,7 +184,7 @@ impl Helper {
             posted: AtomicU64::new(0),
             in_use: AtomicBool::new(false),
             busy: AtomicBool::new(false),
-            panicked: AtomicBool::new(false),
+            payload: Mutex::new(None),
             parked: Mutex::new(false),
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -191,11 +210,19 @@ impl Helper {
             (0..pieces).for_each(|piece| work(piece, 0));
             return;
         }
-        shared.panicked.store(false, Ordering::Relaxed);
+        // A payload left by a job whose caller panicked too (that panic went on instead).
+        let stale = shared
+            .payload
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         let next = AtomicUsize::new(0);
         let retract = Retract(shared);
-        // SAFETY: only the lifetime changes (a fat pointer to a fat pointer); `retract`
-        // waits, on return and on unwinding, until the helper no longer uses it.
+        drop(stale);
+        // SAFETY: only the lifetime is erased (a fat pointer to a fat pointer). The `Job`
+        // holding it lives only in `shared.slot` and in the helper's `serve` while `in_use`
+        // is set, and `retract` (dropped before `next` and `work` end, on return and on
+        // unwinding) empties the slot and waits until `in_use` is false.
         let run: *const Work<'static> = unsafe {
             std::mem::transmute::<*const Work<'_>, *const Work<'static>>(work as *const Work<'_>)
         };
@@ -212,8 +239,14 @@ impl Helper {
         // SAFETY: `next` and `work` live until `run` returns.
         unsafe { claim(job, 0) };
         drop(retract);
-        if shared.panicked.swap(false, Ordering::Relaxed) {
-            panic!("a piece of an int8 product panicked on ruri-native's helper thread");
+        let payload = shared
+            .payload
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(payload) = payload {
+            // The helper's panic, as it was, on the caller's thread.
+            resume_unwind(payload);
         }
     }
 }
@@ -354,6 +387,38 @@ mod tests {
             std::thread::sleep(Duration::from_micros(50));
             assert!(piece != 63, "piece 63 fails");
         });
+    }
+
+    /// The caller's own piece panics while the helper is still writing into the caller's
+    /// frame: the unwinding waits for it (a use after return would corrupt `cells` or the
+    /// stack, and the check after the catch would see it).
+    #[test]
+    fn unwinding_waits_for_the_helper() {
+        let helper = Helper::start().expect("a thread");
+        for _ in 0..50 {
+            let cells: Vec<AtomicUsize> = (0..16).map(|_| AtomicUsize::new(0)).collect();
+            let caught = catch_unwind(AssertUnwindSafe(|| {
+                helper.run(16, &|piece, worker| {
+                    if worker == 0 {
+                        panic!("the caller's piece {piece}");
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                    cells[piece].store(1, Ordering::Relaxed);
+                });
+            }));
+            assert!(caught.is_err());
+            // Whatever the helper wrote, it wrote before the unwinding went on.
+            let written: usize = cells.iter().map(|c| c.load(Ordering::Relaxed)).sum();
+            std::thread::sleep(Duration::from_millis(1));
+            let later: usize = cells.iter().map(|c| c.load(Ordering::Relaxed)).sum();
+            assert_eq!(written, later, "the helper wrote after run unwound");
+        }
+        // The helper still serves.
+        let count = AtomicUsize::new(0);
+        helper.run(8, &|_, _| {
+            count.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(count.load(Ordering::Relaxed), 8);
     }
 
     #[test]

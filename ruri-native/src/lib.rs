@@ -118,8 +118,8 @@
 //! One text alone runs on the caller's thread (a pool's wake-ups cost a short text more than
 //! they save) up to 128 tokens, and on the pool above. With int8 weights and more than one
 //! thread, a text of at most 32 tokens (a query) shares the columns of each int8 product
-//! with one helper thread. The helper is started on the first such text; it spins for
-//! 200 µs after each product, then parks. Each column is still computed whole by one kernel,
+//! with one helper thread, when no other call is running on the backend. The helper is
+//! started on the first such text; it spins for 200 µs after each product, then parks. Each column is still computed whole by one kernel,
 //! so the vectors keep their bits. On a 2-core Xeon with AMX it took a query's p50 from 0.72
 //! to 0.62 ms (BENCHMARKS.md).
 //!
@@ -511,6 +511,9 @@ pub struct NativeBackend {
     /// With more than one thread and int8 weights: a helper for short texts' products
     /// (`helper.rs`), started on first use; `None` inside if it could not start.
     helper: std::sync::OnceLock<Option<std::sync::Arc<helper::Helper>>>,
+    /// Calls of `forward` running now: the helper serves only a call that runs alone (under
+    /// concurrent calls its spinning would take a core another call could use).
+    in_flight: std::sync::atomic::AtomicUsize,
     weights: PathBuf,
     precision: Precision,
 }
@@ -653,16 +656,23 @@ impl NativeBackend {
             model,
             pool,
             helper: std::sync::OnceLock::new(),
+            in_flight: std::sync::atomic::AtomicUsize::new(0),
             weights,
             precision,
         })
     }
 
-    /// The helper for a short text's int8 products: with int8 weights and more than one
-    /// thread, started on first use. A thread that cannot start leaves the text on the
-    /// caller's thread alone (the same vectors, only slower).
+    /// The helper for a short text's int8 products: with int8 weights, more than one
+    /// thread on a machine with more than one core, and no other call running; started on
+    /// first use. A thread that cannot start leaves the text on the caller's thread alone
+    /// (the same vectors, only slower).
     fn helper(&self) -> Option<std::sync::Arc<helper::Helper>> {
-        if self.pool.is_none() || self.model.kernel().is_none() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if self.pool.is_none()
+            || self.model.kernel().is_none()
+            || cores < 2
+            || self.in_flight.load(std::sync::atomic::Ordering::Relaxed) > 1
+        {
             return None;
         }
         self.helper
@@ -697,12 +707,29 @@ impl NativeBackend {
     }
 }
 
+/// Counts a call of `forward` while it runs.
+struct InFlight<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn enter(count: &'a std::sync::atomic::AtomicUsize) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 impl Backend for NativeBackend {
     fn dim(&self) -> usize {
         self.model.hidden()
     }
 
     fn forward(&self, batch: &PaddedBatch) -> Result<BackendOutput> {
+        let _in_flight = InFlight::enter(&self.in_flight);
         let (rows, seq) = (batch.batch_size(), batch.seq_len());
         let (ids_in, mask) = (batch.input_ids(), batch.attention_mask());
         if seq > self.model.max_positions() {

@@ -45,11 +45,6 @@ const ROW_CHUNK: usize = 96;
 /// Products of at most this many rows share their columns with a helper thread, when the
 /// call has one (a short text alone: see [`crate::helper`]).
 pub(crate) const HELPER_MAX_ROWS: usize = 32;
-/// Pieces a product is cut into for the helper: halves. Each piece costs a kernel call (and
-/// AMX a tile configuration and a copy of A): with pieces of 64 columns a query took 18 %
-/// longer on AMX than with no helper at all, with quarters ≈ 10 % longer than with halves
-/// (BENCHMARKS.md, sixth step).
-const HELPER_PIECES: usize = 2;
 /// Rows are split evenly (the microkernels take tiles of any height up to theirs; a query
 /// of 10 tokens splits 5 + 5 rather than 6 + 4).
 const ROW_GRAIN: usize = 1;
@@ -334,11 +329,15 @@ impl Int8 {
         const PIECE: usize = PackedWeights::COLUMN_PIECE;
         match helper {
             Some((helper, split)) if rows <= HELPER_MAX_ROWS && np >= 2 * PIECE => {
-                // HELPER_PIECES pieces of whole PIECEs of columns (the last what is left),
-                // each a block of `rows × width` in `split`, then put back in rows.
-                let per = np.div_ceil(PIECE).div_ceil(HELPER_PIECES) * PIECE;
-                let columns: Vec<usize> = (0..np).step_by(per).chain([np]).collect();
-                let bounds: Vec<usize> = columns.iter().map(|&c| c * rows).collect();
+                // Two halves of whole PIECEs of columns (the second what is left), each a
+                // block of `rows × width` in `split`, then put back in rows. Halves, because
+                // each piece costs a kernel call (and AMX a tile configuration and a copy of
+                // A): with pieces of 64 columns a query took 18 % longer on AMX than with no
+                // helper at all, with quarters ≈ 10 % longer than with halves (BENCHMARKS.md,
+                // sixth step).
+                let half = np.div_ceil(2 * PIECE) * PIECE;
+                let columns = [0, half, np];
+                let bounds = columns.map(|c| c * rows);
                 grow(split, rows * np);
                 {
                     let pieces = Pieces::new(&mut split[..rows * np], &bounds);

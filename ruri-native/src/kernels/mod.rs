@@ -402,6 +402,9 @@ impl PackedWeights {
             "columns {cols:?} are not whole pieces of {}",
             self.n_padded
         );
+        if cols.is_empty() {
+            return;
+        }
         // Bytes per column of the packed data: panels keep a column's K together, so whole
         // blocks of columns are contiguous.
         let column_bytes = match self.kernel {

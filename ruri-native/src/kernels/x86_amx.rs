@@ -190,16 +190,24 @@ unsafe fn blocks(
         while ct < col_tiles {
             let two_cols = ct + 1 < col_tiles;
             // SAFETY: the caller's contract; rt, rt + 1 (when used) < row_tiles and ct,
-            // ct + 1 (when used) < col_tiles.
+            // ct + 1 (when used) < col_tiles, so every bias row loaded is inside `bias`.
             unsafe {
                 let a0 = ua.as_ptr().add(rt * TILE * kp);
                 let w0 = w.as_ptr().add(ct * TILE * kp);
                 let b0 = bias.as_ptr().add(ct * TILE);
-                // The accumulators start at the correction (stride 0: one row, 16 times).
+                // The accumulators start at the correction (stride 0: one row, 16 times);
+                // the second column tile's only when there is one (its bias is past the end
+                // of `bias` otherwise).
                 asm!("tileloadd tmm0, [{b} + {z}*1]", b = in(reg) b0, z = in(reg) 0usize, options(nostack, readonly));
-                asm!("tileloadd tmm1, [{b} + {z}*1]", b = in(reg) b0.add(TILE), z = in(reg) 0usize, options(nostack, readonly));
-                asm!("tileloadd tmm2, [{b} + {z}*1]", b = in(reg) b0, z = in(reg) 0usize, options(nostack, readonly));
-                asm!("tileloadd tmm3, [{b} + {z}*1]", b = in(reg) b0.add(TILE), z = in(reg) 0usize, options(nostack, readonly));
+                if two_cols {
+                    asm!("tileloadd tmm1, [{b} + {z}*1]", b = in(reg) b0.add(TILE), z = in(reg) 0usize, options(nostack, readonly));
+                }
+                if two_rows {
+                    asm!("tileloadd tmm2, [{b} + {z}*1]", b = in(reg) b0, z = in(reg) 0usize, options(nostack, readonly));
+                    if two_cols {
+                        asm!("tileloadd tmm3, [{b} + {z}*1]", b = in(reg) b0.add(TILE), z = in(reg) 0usize, options(nostack, readonly));
+                    }
+                }
                 // Prefetch the next column pair's weights while this one runs (measured: a lone
                 // 12-token query, whose weights stream from L3, 0.80 → 0.75 ms; documents
                 // unchanged).
