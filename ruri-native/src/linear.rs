@@ -935,21 +935,30 @@ mod tests {
     /// Wo's staged input) gives the bits of the steps one after another over whole buffers,
     /// across chunk boundaries, at fp32 and int8 (Wi with an outlier channel, Wo split), on
     /// every kernel this CPU runs.
-    #[test]
-    fn fused_mlp_equals_the_steps_in_turn() {
-        let (h, u, rows) = (16usize, 24usize, 2 * MLP_CHUNK + 5);
-        let value = |i: usize| ((i * 7919) % 211) as f32 / 105.0 - 1.0;
-        // Wi's input channel 3 is read by tiny weights (an outlier); Wo's units 5 and 6
-        // write only output 2 (writers: a split).
-        let wi: Vec<f32> = (0..2 * u * h)
+    /// A deterministic value in [−1, 1).
+    fn value(i: usize) -> f32 {
+        ((i * 7919) % 211) as f32 / 105.0 - 1.0
+    }
+
+    /// `n × k` weights whose input channel `outlier` is read by tiny ones.
+    fn weights_with_outlier(n: usize, k: usize, outlier: usize) -> Vec<f32> {
+        (0..n * k)
             .map(|i| {
-                if i % h == 3 {
+                if i % k == outlier {
                     value(i) * 0.01
                 } else {
                     value(i)
                 }
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn fused_mlp_equals_the_steps_in_turn() {
+        let (h, u, rows) = (16usize, 24usize, 2 * MLP_CHUNK + 5);
+        // Wi's input channel 3 is read by tiny weights (an outlier); Wo's units 5 and 6
+        // write only output 2 (writers: a split).
+        let wi = weights_with_outlier(2 * u, h, 3);
         let wo: Vec<f32> = (0..h * u)
             .map(|i| match (i % u, i / u) {
                 (5 | 6, 2) => 0.07,
@@ -1003,16 +1012,7 @@ mod tests {
     fn a_helper_takes_columns_with_the_same_bits() {
         let helper = Some(Arc::new(Helper::start().expect("a thread")));
         let (n, k) = (200usize, 100usize);
-        let value = |i: usize| ((i * 7919) % 211) as f32 / 105.0 - 1.0;
-        let w: Vec<f32> = (0..n * k)
-            .map(|i| {
-                if i % k == 9 {
-                    value(i) * 0.01
-                } else {
-                    value(i)
-                }
-            })
-            .collect();
+        let w = weights_with_outlier(n, k, 9);
         let outliers = detect_outliers(&w, n, k);
         assert_eq!(outliers, vec![9]);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
