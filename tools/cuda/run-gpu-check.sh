@@ -34,6 +34,13 @@ for dir in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
   /usr/local/cuda-13.0/lib64 /usr/local/cuda-13.0/targets/x86_64-linux/lib; do
   [[ -d "$dir" ]] && libs="$libs:$dir"
 done
+# No CUDA toolkit under /usr/local: the CUDA 13 libraries of the machine's Python packages
+# (PyTorch's cu130 wheels put them in site-packages/nvidia/cu13/lib), after the toolkit's.
+if command -v python3 >/dev/null; then
+  for dir in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+    [[ -d "$dir/nvidia/cu13/lib" ]] && libs="$libs:$dir/nvidia/cu13/lib"
+  done
+fi
 # No driver here (a machine without a GPU): the PyPI toolkit's libraries and stub libcuda.
 toolkit_lib="$root/target-cuda/toolkit/site/nvidia/cu13/lib"
 if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 ' && [[ -d "$toolkit_lib" ]]; then
