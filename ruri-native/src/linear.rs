@@ -389,6 +389,20 @@ impl Int8 {
     }
 }
 
+impl Int8 {
+    /// Row `r` of `GeGLU(output)` into `out` (half the output's width): the two halves of
+    /// the row that [`Int8::row_out`] would store, dequantized and put through the GeGLU in
+    /// one pass, with the same bits.
+    fn geglu_row(&self, r: usize, s: &LinearScratch, out: &mut [f32]) {
+        let (n, np) = (self.packed.n, self.packed.n_padded);
+        let no = self.outliers.len();
+        let acc = &s.acc_main[r * np..r * np + n];
+        let xo = &s.outlier_x[r * no..(r + 1) * no];
+        let sa = s.main.scales[r];
+        simd_f32::dequantize_geglu(acc, sa, &self.packed.scales, xo, &self.outlier_w, out);
+    }
+}
+
 impl Linear {
     /// An fp32 layer from `n × k` weights.
     pub(crate) fn fp32(w: &[f32], n: usize, k: usize) -> Self {
@@ -825,6 +839,11 @@ pub(crate) fn geglu_mlp(
         wi.run(si);
         wo.begin(rows, so);
         for r in 0..rows {
+            if let Linear::Int8(p) = wi {
+                // Wi's row is never stored: dequantized straight into the GeGLU.
+                wo.stage_row(r, so, |a| p.geglu_row(r, si, a));
+                continue;
+            }
             let y: &[f32] = match wi.stored_row(r, si) {
                 Some(row) => row,
                 None => {

@@ -29,7 +29,10 @@ pub(crate) fn sum(x: &[f32]) -> f32 {
 }
 
 /// LayerNorm without bias (ModernBERT's `nn.LayerNorm(bias=False)`): biased variance,
-/// `(x − mean) / sqrt(var + eps) · weight`, as torch computes it in f32.
+/// `(x − mean) / sqrt(var + eps) · weight`, as torch computes it in f32. Inlined, so that
+/// `simd_f32::layer_norm`'s AVX2 and AVX-512 copies vectorize it (out of line it was
+/// compiled once, for the baseline's SSE2).
+#[inline(always)]
 pub(crate) fn layer_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let n = x.len() as f32;
     let mean = sum(x) / n;

@@ -130,6 +130,14 @@ multiversion! {
     fn dequantize_outliers / dequantize_outliers_body(acc: &[i32], sa: f32, sw: &[f32], xo: &[f32], ow: &[f32], out: &mut [f32], accumulate: bool)
 }
 
+multiversion! {
+    /// `out[j] = gelu(u[j]) · g[j]` where `u` and `g` are the two halves (`out.len()` wide
+    /// each) of a row that [`dequantize_outliers`] would store from `acc`, `sw` and `ow`
+    /// (each `2 · out.len()` wide): the dequantization and ModernBERT's GeGLU in one pass,
+    /// with the bits of the two steps one after the other (`out` never holds the row).
+    fn dequantize_geglu / dequantize_geglu_body(acc: &[i32], sa: f32, sw: &[f32], xo: &[f32], ow: &[f32], out: &mut [f32])
+}
+
 /// Outputs per accumulator: one AVX-512 vector (two AVX2 ones, four SSE ones).
 const VEC: usize = 16;
 
@@ -356,6 +364,51 @@ fn dequantize_row_body(acc: &[i32], sa: f32, sw: &[f32], out: &mut [f32], accumu
     }
 }
 
+/// Outputs `j..j + VEC` of a row with outlier channels (`ow` is `xo.len() × n`):
+/// `(f32(acc) · sa) · sw`, then `+= xo[c] · ow[c]` for each channel `c` in order.
+#[inline(always)]
+fn dequantize_block(
+    acc: &[i32],
+    sa: f32,
+    sw: &[f32],
+    xo: &[f32],
+    ow: &[f32],
+    n: usize,
+    j: usize,
+) -> [f32; VEC] {
+    let a: &[i32; VEC] = acc[j..j + VEC].try_into().expect("a block");
+    let s: &[f32; VEC] = sw[j..j + VEC].try_into().expect("a block");
+    let mut t = [0.0f32; VEC];
+    for i in 0..VEC {
+        t[i] = (a[i] as f32) * sa * s[i];
+    }
+    for (c, &x) in xo.iter().enumerate() {
+        let w: &[f32; VEC] = ow[c * n + j..c * n + j + VEC].try_into().expect("a block");
+        for i in 0..VEC {
+            t[i] += x * w[i];
+        }
+    }
+    t
+}
+
+/// Output `j` of a row with outlier channels, through [`dequantize_block`]'s steps.
+#[inline(always)]
+fn dequantize_one(
+    acc: &[i32],
+    sa: f32,
+    sw: &[f32],
+    xo: &[f32],
+    ow: &[f32],
+    n: usize,
+    j: usize,
+) -> f32 {
+    let mut t = (acc[j] as f32) * sa * sw[j];
+    for (c, &x) in xo.iter().enumerate() {
+        t += x * ow[c * n + j];
+    }
+    t
+}
+
 #[inline(always)]
 fn dequantize_outliers_body(
     acc: &[i32],
@@ -372,29 +425,42 @@ fn dequantize_outliers_body(
     // at a time through the same steps.
     let full = n / VEC * VEC;
     for j in (0..full).step_by(VEC) {
-        let a: &[i32; VEC] = acc[j..j + VEC].try_into().expect("a block");
-        let s: &[f32; VEC] = sw[j..j + VEC].try_into().expect("a block");
-        let mut t = [0.0f32; VEC];
-        for i in 0..VEC {
-            t[i] = (a[i] as f32) * sa * s[i];
-        }
-        for (c, &x) in xo.iter().enumerate() {
-            let w: &[f32; VEC] = ow[c * n + j..c * n + j + VEC].try_into().expect("a block");
-            for i in 0..VEC {
-                t[i] += x * w[i];
-            }
-        }
+        let t = dequantize_block(acc, sa, sw, xo, ow, n, j);
         let o: &mut [f32; VEC] = (&mut out[j..j + VEC]).try_into().expect("a block");
         for i in 0..VEC {
             o[i] = if accumulate { o[i] + t[i] } else { t[i] };
         }
     }
     for j in full..n {
-        let mut t = (acc[j] as f32) * sa * sw[j];
-        for (c, &x) in xo.iter().enumerate() {
-            t += x * ow[c * n + j];
-        }
+        let t = dequantize_one(acc, sa, sw, xo, ow, n, j);
         out[j] = if accumulate { out[j] + t } else { t };
+    }
+}
+
+#[inline(always)]
+fn dequantize_geglu_body(
+    acc: &[i32],
+    sa: f32,
+    sw: &[f32],
+    xo: &[f32],
+    ow: &[f32],
+    out: &mut [f32],
+) {
+    let (h, n) = (out.len(), 2 * out.len());
+    let (acc, sw, ow) = (&acc[..n], &sw[..n], &ow[..xo.len() * n]);
+    let full = h / VEC * VEC;
+    for j in (0..full).step_by(VEC) {
+        let u = dequantize_block(acc, sa, sw, xo, ow, n, j);
+        let g = dequantize_block(acc, sa, sw, xo, ow, n, h + j);
+        let o: &mut [f32; VEC] = (&mut out[j..j + VEC]).try_into().expect("a block");
+        for i in 0..VEC {
+            o[i] = crate::math::gelu(u[i]) * g[i];
+        }
+    }
+    for j in full..h {
+        let u = dequantize_one(acc, sa, sw, xo, ow, n, j);
+        let g = dequantize_one(acc, sa, sw, xo, ow, n, h + j);
+        out[j] = crate::math::gelu(u) * g;
     }
 }
 
@@ -645,6 +711,22 @@ mod tests {
                 dequantize_outliers_body(&acc, 0.003, &w, &xo, &ow, &mut b, accumulate);
                 prop_assert_eq!(a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
                 prop_assert_eq!(b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+            }
+            // Dequantization and GeGLU in one pass: a row of 2·width, with and without
+            // outlier channels, against the two steps one after the other.
+            let acc2: Vec<i32> = (0..2 * width).map(|i| (value(i + 37) * 1e6) as i32).collect();
+            let w2: Vec<f32> = (0..2 * width).map(|i| 1.0 + value(i + 41)).collect();
+            let ow2: Vec<f32> = (0..4 * width).map(|i| value(i + 43) * 0.01).collect();
+            for xo in [&[][..], &[value(47) * 30.0, value(53)][..]] {
+                let mut row = vec![0.0f32; 2 * width];
+                dequantize_outliers_body(&acc2, 0.0007, &w2, xo, &ow2[..xo.len() * 2 * width], &mut row, false);
+                let mut want = vec![0.0f32; width];
+                geglu_body(&row[..width], &row[width..], &mut want);
+                let (mut a, mut b) = (vec![0.5; width], vec![0.5; width]);
+                dequantize_geglu(&acc2, 0.0007, &w2, xo, &ow2[..xo.len() * 2 * width], &mut a);
+                dequantize_geglu_body(&acc2, 0.0007, &w2, xo, &ow2[..xo.len() * 2 * width], &mut b);
+                prop_assert_eq!(bits(&a), bits(&want));
+                prop_assert_eq!(bits(&b), bits(&want));
             }
         }
     }
