@@ -42,6 +42,19 @@ fn kernels(c: &mut Criterion) {
         group.bench_function(name, |b| b.iter(|| std::hint::black_box(gemm.run())));
     }
     group.finish();
+    // Each narrower version this CPU also runs (the AVX2 one on an AVX-512 CPU, say).
+    for isa in ["avx2", "base"] {
+        if Fp32Gemm::new(1, 1, 1).run_isa(isa).is_none() {
+            continue;
+        }
+        let mut group = c.benchmark_group(format!("fp32_gemm_{isa}"));
+        for (name, m, n, k) in shapes {
+            let mut gemm = Fp32Gemm::new(m, n, k);
+            group.throughput(Throughput::Elements((m * n * k) as u64));
+            group.bench_function(name, |b| b.iter(|| std::hint::black_box(gemm.run_isa(isa))));
+        }
+        group.finish();
+    }
     // GeGLU: inputs spread over the range the erf sees (GELU's argument in [−6, 6]).
     let len = 64 * 1024;
     let value = |i: usize| ((i.wrapping_mul(2_654_435_761) >> 7) % 4801) as f32 / 400.0 - 6.0;

@@ -230,6 +230,30 @@ pub mod bench {
             );
             self.out.iter().step_by(61).sum()
         }
+
+        /// [`Fp32Gemm::run`] compiled for `isa` (`avx512`, `avx2` or `base`), or `None`
+        /// where this CPU lacks it (or the name is not one of these).
+        pub fn run_isa(&mut self, isa: &str) -> Option<f32> {
+            use crate::kernels::simd_f32::Fp32Isa;
+            let isa = match isa {
+                "avx512" => Fp32Isa::Avx512,
+                "avx2" => Fp32Isa::Avx2,
+                "base" => Fp32Isa::Base,
+                _ => return None,
+            };
+            let (m, n, k) = self.shape;
+            crate::kernels::simd_f32::fp32_gemm_on(
+                isa,
+                &self.x,
+                m,
+                k,
+                &self.packed,
+                n,
+                &mut self.out,
+                false,
+            )?;
+            Some(self.out.iter().step_by(61).sum())
+        }
     }
 
     /// The MLP's GeGLU, `out[j] = gelu(input[j]) · gate[j]` (the widest version this CPU

@@ -470,6 +470,19 @@ pub(crate) const FP32_PANEL: usize = 64;
 /// panel of W streams by).
 const FP32_MR: usize = 6;
 const FP32_ROW_BLOCK: usize = 8 * FP32_MR;
+/// Columns of one fp32 tile, for each instruction set: a tile's `FP32_MR ×` this many
+/// accumulators must stay in registers over all of k, with room for a row of weights and
+/// a broadcast. AVX-512 has 32 zmm (6 × 4 accumulators), AVX2 16 ymm (6 × 2), SSE2 16 xmm
+/// (6 × 2), NEON 32 q (6 × 4). A 6 × 64 tile on AVX2 needed 48 ymm and spilled: the AVX2
+/// GEMM ran at a third of MLAS's (BENCHMARKS.md).
+#[cfg(target_arch = "x86_64")]
+const FP32_NC_AVX512: usize = FP32_PANEL;
+#[cfg(target_arch = "x86_64")]
+const FP32_NC_AVX2: usize = 16;
+#[cfg(target_arch = "aarch64")]
+const FP32_NC_BASE: usize = 16;
+#[cfg(not(target_arch = "aarch64"))]
+const FP32_NC_BASE: usize = 8;
 
 /// Packs `w` (`n × k`, one row per output channel) into panels of [`FP32_PANEL`] columns,
 /// each `k × FP32_PANEL` (k-major), zero-padded past `n`.
@@ -485,6 +498,49 @@ pub(crate) fn pack_fp32(w: &[f32], n: usize, k: usize) -> Vec<f32> {
     packed
 }
 
+/// The instruction sets the fp32 GEMM is compiled for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fp32Isa {
+    /// AVX-512F with FMA, 6 × 64 tiles.
+    Avx512,
+    /// AVX2 with FMA, 6 × 16 tiles.
+    Avx2,
+    /// The target's baseline (SSE2 on x86-64, NEON on aarch64, simd128 on wasm), no FMA.
+    Base,
+}
+
+impl Fp32Isa {
+    /// Every variant, widest first.
+    pub(crate) const ALL: [Fp32Isa; 3] = [Fp32Isa::Avx512, Fp32Isa::Avx2, Fp32Isa::Base];
+
+    /// Whether this CPU runs it.
+    pub(crate) fn available(self) -> bool {
+        match self {
+            Fp32Isa::Base => true,
+            #[cfg(target_arch = "x86_64")]
+            Fp32Isa::Avx512 => {
+                std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("fma")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Fp32Isa::Avx2 => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// The widest this CPU runs.
+    pub(crate) fn detect() -> Self {
+        Self::ALL
+            .into_iter()
+            .find(|isa| isa.available())
+            .unwrap_or(Fp32Isa::Base)
+    }
+}
+
 /// `out (+)= x · Wᵀ` for `rows` rows of `x` (`rows × k`) with W packed by [`pack_fp32`];
 /// `out` is `rows × n`. fp32 is not promised the same bits everywhere: the AVX2 and
 /// AVX-512 versions fuse multiply and add (FMA), the baseline does not.
@@ -497,35 +553,68 @@ pub(crate) fn fp32_gemm(
     out: &mut [f32],
     accumulate: bool,
 ) {
+    fp32_gemm_on(Fp32Isa::detect(), x, rows, k, packed, n, out, accumulate);
+}
+
+/// [`fp32_gemm`] compiled for `isa`, or `None` (nothing written) where this CPU lacks it.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn fp32_gemm_on(
+    isa: Fp32Isa,
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    packed: &[f32],
+    n: usize,
+    out: &mut [f32],
+    accumulate: bool,
+) -> Option<()> {
     assert!(x.len() >= rows * k && out.len() >= rows * n);
     assert!(packed.len() >= n.div_ceil(FP32_PANEL) * k * FP32_PANEL);
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx512f,fma")]
-        fn wide(x: &[f32], rows: usize, k: usize, p: &[f32], n: usize, o: &mut [f32], acc: bool) {
-            fp32_gemm_body::<true>(x, rows, k, p, n, o, acc)
-        }
-        #[target_feature(enable = "avx2,fma")]
-        fn narrow(x: &[f32], rows: usize, k: usize, p: &[f32], n: usize, o: &mut [f32], acc: bool) {
-            fp32_gemm_body::<true>(x, rows, k, p, n, o, acc)
-        }
-        if std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: the CPU has AVX-512F and FMA (checked); the body is safe Rust.
-            return unsafe { wide(x, rows, k, packed, n, out, accumulate) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: the CPU has AVX2 and FMA (checked); the body is safe Rust.
-            return unsafe { narrow(x, rows, k, packed, n, out, accumulate) };
-        }
+    if !isa.available() {
+        return None;
     }
-    fp32_gemm_body::<false>(x, rows, k, packed, n, out, accumulate)
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Fp32Isa::Avx512 => {
+            #[target_feature(enable = "avx512f,fma")]
+            fn wide(
+                x: &[f32],
+                rows: usize,
+                k: usize,
+                p: &[f32],
+                n: usize,
+                o: &mut [f32],
+                acc: bool,
+            ) {
+                fp32_gemm_body::<true, FP32_NC_AVX512>(x, rows, k, p, n, o, acc)
+            }
+            // SAFETY: the CPU has AVX-512F and FMA (`available`); the body is safe Rust.
+            unsafe { wide(x, rows, k, packed, n, out, accumulate) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        Fp32Isa::Avx2 => {
+            #[target_feature(enable = "avx2,fma")]
+            fn narrow(
+                x: &[f32],
+                rows: usize,
+                k: usize,
+                p: &[f32],
+                n: usize,
+                o: &mut [f32],
+                acc: bool,
+            ) {
+                fp32_gemm_body::<true, FP32_NC_AVX2>(x, rows, k, p, n, o, acc)
+            }
+            // SAFETY: the CPU has AVX2 and FMA (`available`); the body is safe Rust.
+            unsafe { narrow(x, rows, k, packed, n, out, accumulate) }
+        }
+        _ => fp32_gemm_body::<false, FP32_NC_BASE>(x, rows, k, packed, n, out, accumulate),
+    }
+    Some(())
 }
 
 #[inline(always)]
-fn fp32_gemm_body<const FMA: bool>(
+fn fp32_gemm_body<const FMA: bool, const NC: usize>(
     x: &[f32],
     rows: usize,
     k: usize,
@@ -551,19 +640,24 @@ fn fp32_gemm_body<const FMA: bool>(
         for p in 0..n.div_ceil(FP32_PANEL) {
             let panel = &packed[p * k * FP32_PANEL..(p + 1) * k * FP32_PANEL];
             let cols = FP32_PANEL.min(n - p * FP32_PANEL);
-            for t in 0..tiles {
-                let r = row0 + t * FP32_MR;
-                let mr = (row_end - r).min(FP32_MR);
-                let acc = fp32_tile::<FMA>(&xt[t * k * FP32_MR..(t + 1) * k * FP32_MR], panel);
-                for (i, acc) in acc.iter().enumerate().take(mr) {
-                    let at = (r + i) * n + p * FP32_PANEL;
-                    let o = &mut out[at..at + cols];
-                    if accumulate {
-                        for (o, &a) in o.iter_mut().zip(acc) {
-                            *o += a;
+            // A strip of NC columns (k × NC, in L1) against every tile of the block.
+            for c0 in (0..cols).step_by(NC) {
+                let width = NC.min(cols - c0);
+                for t in 0..tiles {
+                    let r = row0 + t * FP32_MR;
+                    let mr = (row_end - r).min(FP32_MR);
+                    let xt = &xt[t * k * FP32_MR..(t + 1) * k * FP32_MR];
+                    let acc = fp32_tile::<FMA, NC>(xt, panel, c0);
+                    for (i, acc) in acc.iter().enumerate().take(mr) {
+                        let at = (r + i) * n + p * FP32_PANEL + c0;
+                        let o = &mut out[at..at + width];
+                        if accumulate {
+                            for (o, &a) in o.iter_mut().zip(acc) {
+                                *o += a;
+                            }
+                        } else {
+                            o.copy_from_slice(&acc[..width]);
                         }
-                    } else {
-                        o.copy_from_slice(&acc[..cols]);
                     }
                 }
             }
@@ -571,13 +665,19 @@ fn fp32_gemm_body<const FMA: bool>(
     }
 }
 
-/// One tile: `FP32_MR × FP32_PANEL` accumulators held in registers over all of k.
+/// One tile: `FP32_MR × NC` accumulators, columns `c0..c0 + NC` of the panel, held in
+/// registers over all of k.
 #[inline(always)]
-fn fp32_tile<const FMA: bool>(xt: &[f32], panel: &[f32]) -> [[f32; FP32_PANEL]; FP32_MR] {
-    let mut acc = [[0.0f32; FP32_PANEL]; FP32_MR];
+fn fp32_tile<const FMA: bool, const NC: usize>(
+    xt: &[f32],
+    panel: &[f32],
+    c0: usize,
+) -> [[f32; NC]; FP32_MR] {
+    const { assert!(FP32_PANEL % NC == 0) };
+    let mut acc = [[0.0f32; NC]; FP32_MR];
     for (xk, w) in xt.chunks_exact(FP32_MR).zip(panel.chunks_exact(FP32_PANEL)) {
         let xk: &[f32; FP32_MR] = xk.try_into().expect("a tile column");
-        let w: &[f32; FP32_PANEL] = w.try_into().expect("a panel row");
+        let w: &[f32; NC] = w[c0..c0 + NC].try_into().expect("a strip of a panel row");
         for (acc, &xv) in acc.iter_mut().zip(xk) {
             for (a, &wv) in acc.iter_mut().zip(w) {
                 *a = if FMA {
@@ -731,11 +831,17 @@ mod tests {
         }
     }
 
-    /// The packed fp32 GEMM (the widest version this CPU runs) against an f64 sum, on
-    /// shapes with every kind of tail, storing and accumulating.
+    /// The packed fp32 GEMM, every version this CPU runs, against an f64 sum, on shapes
+    /// with every kind of tail (rows, panels, strips), storing and accumulating.
     #[test]
     fn fp32_gemm_matches_f64() {
-        for (rows, n, k) in [(1, 1, 1), (7, 65, 33), (13, 130, 257), (49, 64, 16)] {
+        for (rows, n, k) in [
+            (1, 1, 1),
+            (7, 65, 33),
+            (5, 40, 20),
+            (13, 130, 257),
+            (49, 64, 16),
+        ] {
             let x: Vec<f32> = (0..rows * k)
                 .map(|i| ((i * 37) % 23) as f32 / 11.0 - 1.0)
                 .collect();
@@ -743,9 +849,10 @@ mod tests {
                 .map(|i| ((i * 53) % 29) as f32 / 14.0 - 1.0)
                 .collect();
             let packed = pack_fp32(&w, n, k);
-            for accumulate in [false, true] {
+            let runs = Fp32Isa::ALL.into_iter().filter(|isa| isa.available());
+            for (isa, accumulate) in runs.flat_map(|isa| [(isa, false), (isa, true)]) {
                 let mut out = vec![0.5f32; rows * n];
-                fp32_gemm(&x, rows, k, &packed, n, &mut out, accumulate);
+                fp32_gemm_on(isa, &x, rows, k, &packed, n, &mut out, accumulate);
                 for r in 0..rows {
                     for c in 0..n {
                         let want: f64 = (0..k)
@@ -755,7 +862,7 @@ mod tests {
                         let got = out[r * n + c] as f64;
                         assert!(
                             (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
-                            "{rows}×{n}×{k} [{r}][{c}]: {got} vs {want}"
+                            "{isa:?} {rows}×{n}×{k} [{r}][{c}]: {got} vs {want}"
                         );
                     }
                 }
