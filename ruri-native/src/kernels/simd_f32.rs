@@ -431,9 +431,9 @@ fn dequantize_outliers_body(
             o[i] = if accumulate { o[i] + t[i] } else { t[i] };
         }
     }
-    for j in full..n {
+    for (j, o) in out.iter_mut().enumerate().skip(full) {
         let t = dequantize_one(acc, sa, sw, xo, ow, n, j);
-        out[j] = if accumulate { out[j] + t } else { t };
+        *o = if accumulate { *o + t } else { t };
     }
 }
 
@@ -457,10 +457,10 @@ fn dequantize_geglu_body(
             o[i] = crate::math::gelu(u[i]) * g[i];
         }
     }
-    for j in full..h {
+    for (j, o) in out.iter_mut().enumerate().skip(full) {
         let u = dequantize_one(acc, sa, sw, xo, ow, n, j);
         let g = dequantize_one(acc, sa, sw, xo, ow, n, h + j);
-        out[j] = crate::math::gelu(u) * g;
+        *o = crate::math::gelu(u) * g;
     }
 }
 
@@ -673,7 +673,7 @@ fn fp32_tile<const FMA: bool, const NC: usize>(
     panel: &[f32],
     c0: usize,
 ) -> [[f32; NC]; FP32_MR] {
-    const { assert!(FP32_PANEL % NC == 0) };
+    const { assert!(FP32_PANEL.is_multiple_of(NC)) };
     let mut acc = [[0.0f32; NC]; FP32_MR];
     for (xk, w) in xt.chunks_exact(FP32_MR).zip(panel.chunks_exact(FP32_PANEL)) {
         let xk: &[f32; FP32_MR] = xk.try_into().expect("a tile column");
