@@ -1,5 +1,7 @@
 #![allow(missing_docs)] // criterion_group! generates an undocumented function
-//! The int8 GEMM kernels (and the fp32 GEMM) on the linears of the 30m shape (M = 900 token rows, about one
+//! The int8 GEMM kernels (and the fp32 GEMM: `fp32_gemm` the version this CPU picks,
+//! `fp32_gemm_avx2` and `fp32_gemm_base` each narrower one it also runs) on the linears of the
+//! 30m shape (M = 900 token rows, about one
 //! 32-document batch of the workload; and the 64- and 96-row chunks the engine multiplies at
 //! a time) and on a square shape, in multiply-adds per second
 //! (`Throughput::Elements` counts MACs), on every kernel this CPU runs (on AVX-512 CPUs that
