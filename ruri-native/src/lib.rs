@@ -242,16 +242,16 @@ pub mod bench {
                 _ => return None,
             };
             let (m, n, k) = self.shape;
-            crate::kernels::simd_f32::fp32_gemm_on(
-                isa,
-                &self.x,
-                m,
+            let call = crate::kernels::simd_f32::Fp32Call {
+                x: &self.x,
+                rows: m,
                 k,
-                &self.packed,
+                packed: &self.packed,
                 n,
-                &mut self.out,
-                false,
-            )?;
+                out: &mut self.out,
+                accumulate: false,
+            };
+            call.on(isa)?;
             Some(self.out.iter().step_by(61).sum())
         }
     }

@@ -364,49 +364,62 @@ fn dequantize_row_body(acc: &[i32], sa: f32, sw: &[f32], out: &mut [f32], accumu
     }
 }
 
-/// Outputs `j..j + VEC` of a row with outlier channels (`ow` is `xo.len() × n`):
-/// `(f32(acc) · sa) · sw`, then `+= xo[c] · ow[c]` for each channel `c` in order.
-#[inline(always)]
-fn dequantize_block(
-    acc: &[i32],
+/// A row's integer products and what dequantizes them: `acc`, `sw` and each outlier
+/// channel's row of `ow` (`xo.len() × n`) are `n` wide.
+struct Dequant<'a> {
+    acc: &'a [i32],
     sa: f32,
-    sw: &[f32],
-    xo: &[f32],
-    ow: &[f32],
+    sw: &'a [f32],
+    xo: &'a [f32],
+    ow: &'a [f32],
     n: usize,
-    j: usize,
-) -> [f32; VEC] {
-    let a: &[i32; VEC] = acc[j..j + VEC].try_into().expect("a block");
-    let s: &[f32; VEC] = sw[j..j + VEC].try_into().expect("a block");
-    let mut t = [0.0f32; VEC];
-    for i in 0..VEC {
-        t[i] = (a[i] as f32) * sa * s[i];
-    }
-    for (c, &x) in xo.iter().enumerate() {
-        let w: &[f32; VEC] = ow[c * n + j..c * n + j + VEC].try_into().expect("a block");
-        for i in 0..VEC {
-            t[i] += x * w[i];
-        }
-    }
-    t
 }
 
-/// Output `j` of a row with outlier channels, through [`dequantize_block`]'s steps.
-#[inline(always)]
-fn dequantize_one(
-    acc: &[i32],
-    sa: f32,
-    sw: &[f32],
-    xo: &[f32],
-    ow: &[f32],
-    n: usize,
-    j: usize,
-) -> f32 {
-    let mut t = (acc[j] as f32) * sa * sw[j];
-    for (c, &x) in xo.iter().enumerate() {
-        t += x * ow[c * n + j];
+impl<'a> Dequant<'a> {
+    /// The first `n` products and scales of a row, and its outlier channels' `n`-wide rows.
+    #[inline(always)]
+    fn new(acc: &'a [i32], sa: f32, sw: &'a [f32], xo: &'a [f32], ow: &'a [f32], n: usize) -> Self {
+        let (acc, sw, ow) = (&acc[..n], &sw[..n], &ow[..xo.len() * n]);
+        Dequant {
+            acc,
+            sa,
+            sw,
+            xo,
+            ow,
+            n,
+        }
     }
-    t
+
+    /// Outputs `j..j + VEC`: `(f32(acc) · sa) · sw`, then `+= xo[c] · ow[c]` for each
+    /// outlier channel `c` in order.
+    #[inline(always)]
+    fn block(&self, j: usize) -> [f32; VEC] {
+        let (acc, sa, sw, xo, ow, n) = (self.acc, self.sa, self.sw, self.xo, self.ow, self.n);
+        let a: &[i32; VEC] = acc[j..j + VEC].try_into().expect("a block");
+        let s: &[f32; VEC] = sw[j..j + VEC].try_into().expect("a block");
+        let mut t = [0.0f32; VEC];
+        for i in 0..VEC {
+            t[i] = (a[i] as f32) * sa * s[i];
+        }
+        for (c, &x) in xo.iter().enumerate() {
+            let w: &[f32; VEC] = ow[c * n + j..c * n + j + VEC].try_into().expect("a block");
+            for i in 0..VEC {
+                t[i] += x * w[i];
+            }
+        }
+        t
+    }
+
+    /// Output `j`, through [`Dequant::block`]'s steps.
+    #[inline(always)]
+    fn one(&self, j: usize) -> f32 {
+        let (acc, sa, sw, xo, ow, n) = (self.acc, self.sa, self.sw, self.xo, self.ow, self.n);
+        let mut t = (acc[j] as f32) * sa * sw[j];
+        for (c, &x) in xo.iter().enumerate() {
+            t += x * ow[c * n + j];
+        }
+        t
+    }
 }
 
 #[inline(always)]
@@ -420,19 +433,19 @@ fn dequantize_outliers_body(
     accumulate: bool,
 ) {
     let n = out.len();
-    let (acc, sw, ow) = (&acc[..n], &sw[..n], &ow[..xo.len() * n]);
+    let row = Dequant::new(acc, sa, sw, xo, ow, n);
     // Whole blocks of outputs in fixed-size arrays (registers), then the tail one output
     // at a time through the same steps.
     let full = n / VEC * VEC;
     for j in (0..full).step_by(VEC) {
-        let t = dequantize_block(acc, sa, sw, xo, ow, n, j);
+        let t = row.block(j);
         let o: &mut [f32; VEC] = (&mut out[j..j + VEC]).try_into().expect("a block");
         for i in 0..VEC {
             o[i] = if accumulate { o[i] + t[i] } else { t[i] };
         }
     }
     for (j, o) in out.iter_mut().enumerate().skip(full) {
-        let t = dequantize_one(acc, sa, sw, xo, ow, n, j);
+        let t = row.one(j);
         *o = if accumulate { *o + t } else { t };
     }
 }
@@ -447,19 +460,17 @@ fn dequantize_geglu_body(
     out: &mut [f32],
 ) {
     let (h, n) = (out.len(), 2 * out.len());
-    let (acc, sw, ow) = (&acc[..n], &sw[..n], &ow[..xo.len() * n]);
+    let row = Dequant::new(acc, sa, sw, xo, ow, n);
     let full = h / VEC * VEC;
     for j in (0..full).step_by(VEC) {
-        let u = dequantize_block(acc, sa, sw, xo, ow, n, j);
-        let g = dequantize_block(acc, sa, sw, xo, ow, n, h + j);
+        let (u, g) = (row.block(j), row.block(h + j));
         let o: &mut [f32; VEC] = (&mut out[j..j + VEC]).try_into().expect("a block");
         for i in 0..VEC {
             o[i] = crate::math::gelu(u[i]) * g[i];
         }
     }
     for (j, o) in out.iter_mut().enumerate().skip(full) {
-        let u = dequantize_one(acc, sa, sw, xo, ow, n, j);
-        let g = dequantize_one(acc, sa, sw, xo, ow, n, h + j);
+        let (u, g) = (row.one(j), row.one(h + j));
         *o = crate::math::gelu(u) * g;
     }
 }
@@ -553,64 +564,76 @@ pub(crate) fn fp32_gemm(
     out: &mut [f32],
     accumulate: bool,
 ) {
-    fp32_gemm_on(Fp32Isa::detect(), x, rows, k, packed, n, out, accumulate);
+    let call = Fp32Call {
+        x,
+        rows,
+        k,
+        packed,
+        n,
+        out,
+        accumulate,
+    };
+    call.on(Fp32Isa::detect());
 }
 
-/// [`fp32_gemm`] compiled for `isa`, or `None` (nothing written) where this CPU lacks it.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn fp32_gemm_on(
-    isa: Fp32Isa,
-    x: &[f32],
-    rows: usize,
-    k: usize,
-    packed: &[f32],
-    n: usize,
-    out: &mut [f32],
-    accumulate: bool,
-) -> Option<()> {
-    assert!(x.len() >= rows * k && out.len() >= rows * n);
-    assert!(packed.len() >= n.div_ceil(FP32_PANEL) * k * FP32_PANEL);
-    if !isa.available() {
-        return None;
-    }
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        Fp32Isa::Avx512 => {
-            #[target_feature(enable = "avx512f,fma")]
-            fn wide(
-                x: &[f32],
-                rows: usize,
-                k: usize,
-                p: &[f32],
-                n: usize,
-                o: &mut [f32],
-                acc: bool,
-            ) {
-                fp32_gemm_body::<true, FP32_NC_AVX512>(x, rows, k, p, n, o, acc)
-            }
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+fn fp32_gemm_avx512(c: Fp32Call<'_>) {
+    c.run::<true, FP32_NC_AVX512>()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn fp32_gemm_avx2(c: Fp32Call<'_>) {
+    c.run::<true, FP32_NC_AVX2>()
+}
+
+/// One [`fp32_gemm`] call's operands.
+pub(crate) struct Fp32Call<'a> {
+    pub(crate) x: &'a [f32],
+    pub(crate) rows: usize,
+    pub(crate) k: usize,
+    pub(crate) packed: &'a [f32],
+    pub(crate) n: usize,
+    pub(crate) out: &'a mut [f32],
+    pub(crate) accumulate: bool,
+}
+
+impl Fp32Call<'_> {
+    /// [`fp32_gemm`] compiled for `isa`, or `None` (nothing written) where this CPU lacks it.
+    pub(crate) fn on(self, isa: Fp32Isa) -> Option<()> {
+        let (rows, k, n) = (self.rows, self.k, self.n);
+        assert!(self.x.len() >= rows * k && self.out.len() >= rows * n);
+        assert!(self.packed.len() >= n.div_ceil(FP32_PANEL) * k * FP32_PANEL);
+        if !isa.available() {
+            return None;
+        }
+        match isa {
             // SAFETY: the CPU has AVX-512F and FMA (`available`); the body is safe Rust.
-            unsafe { wide(x, rows, k, packed, n, out, accumulate) }
-        }
-        #[cfg(target_arch = "x86_64")]
-        Fp32Isa::Avx2 => {
-            #[target_feature(enable = "avx2,fma")]
-            fn narrow(
-                x: &[f32],
-                rows: usize,
-                k: usize,
-                p: &[f32],
-                n: usize,
-                o: &mut [f32],
-                acc: bool,
-            ) {
-                fp32_gemm_body::<true, FP32_NC_AVX2>(x, rows, k, p, n, o, acc)
-            }
+            #[cfg(target_arch = "x86_64")]
+            Fp32Isa::Avx512 => unsafe { fp32_gemm_avx512(self) },
             // SAFETY: the CPU has AVX2 and FMA (`available`); the body is safe Rust.
-            unsafe { narrow(x, rows, k, packed, n, out, accumulate) }
+            #[cfg(target_arch = "x86_64")]
+            Fp32Isa::Avx2 => unsafe { fp32_gemm_avx2(self) },
+            _ => self.run::<false, FP32_NC_BASE>(),
         }
-        _ => fp32_gemm_body::<false, FP32_NC_BASE>(x, rows, k, packed, n, out, accumulate),
+        Some(())
     }
-    Some(())
+
+    /// [`fp32_gemm_body`] with FMA or not, tiles `NC` wide.
+    #[inline(always)]
+    fn run<const FMA: bool, const NC: usize>(self) {
+        let Fp32Call {
+            x,
+            rows,
+            k,
+            packed,
+            n,
+            out,
+            accumulate,
+        } = self;
+        fp32_gemm_body::<FMA, NC>(x, rows, k, packed, n, out, accumulate)
+    }
 }
 
 #[inline(always)]
@@ -852,7 +875,16 @@ mod tests {
             let runs = Fp32Isa::ALL.into_iter().filter(|isa| isa.available());
             for (isa, accumulate) in runs.flat_map(|isa| [(isa, false), (isa, true)]) {
                 let mut out = vec![0.5f32; rows * n];
-                fp32_gemm_on(isa, &x, rows, k, &packed, n, &mut out, accumulate);
+                let call = Fp32Call {
+                    x: &x,
+                    rows,
+                    k,
+                    packed: &packed,
+                    n,
+                    out: &mut out,
+                    accumulate,
+                };
+                call.on(isa);
                 for r in 0..rows {
                     for c in 0..n {
                         let want: f64 = (0..k)
