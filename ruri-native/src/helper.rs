@@ -1,4 +1,4 @@
-//! A second thread for one short text's int8 products: [`Helper::run`] hands out the pieces of
+//! A second thread for one short text's products (int8 and fp32): [`Helper::run`] hands out the pieces of
 //! a job (column ranges of a product) to the caller's thread and to a helper thread, which
 //! claim them from one counter. A lone query's products are a few rows against every weight
 //! of the model, so each core streaming half of them is what a second core can buy (the
@@ -9,7 +9,8 @@
 //! texts. A job is never waited for: if the helper is parked or slow to wake, the caller
 //! claims every piece itself.
 //!
-//! Which thread computes a piece changes no bit: each piece is computed whole by one kernel.
+//! Which thread computes a piece changes no bit: each piece is computed whole by one kernel
+//! (int8) or one version of the fp32 GEMM.
 //!
 //! The `unsafe` here: a job is borrowed from the caller's stack and handed to the helper thread
 //! as a raw pointer; [`Helper::run`] does not return (nor unwind) before the helper has
@@ -270,19 +271,20 @@ impl Drop for Helper {
 
 /// A buffer cut into pieces that [`Helper::run`]'s workers fill: piece `i` is
 /// `bounds[i]..bounds[i + 1]`, each handed out once.
-pub(crate) struct Pieces<'a> {
-    ptr: *mut i32,
+pub(crate) struct Pieces<'a, T> {
+    ptr: *mut T,
     bounds: &'a [usize],
     taken: Vec<AtomicBool>,
-    _buffer: std::marker::PhantomData<&'a mut [i32]>,
+    _buffer: std::marker::PhantomData<&'a mut [T]>,
 }
 
-// SAFETY: `take` hands each piece out once, so no two threads reach the same element.
-unsafe impl Sync for Pieces<'_> {}
+// SAFETY: `take` hands each piece out once, so no two threads reach the same element, and
+// a piece (`&mut [T]`) may go to another thread when `T: Send`.
+unsafe impl<T: Send> Sync for Pieces<'_, T> {}
 
-impl<'a> Pieces<'a> {
+impl<'a, T> Pieces<'a, T> {
     /// `bounds` ascending, from 0, its last at most `buffer.len()`.
-    pub(crate) fn new(buffer: &'a mut [i32], bounds: &'a [usize]) -> Self {
+    pub(crate) fn new(buffer: &'a mut [T], bounds: &'a [usize]) -> Self {
         assert!(bounds.first() == Some(&0), "pieces start at 0");
         assert!(
             bounds.windows(2).all(|w| w[0] <= w[1]) && bounds[bounds.len() - 1] <= buffer.len(),
@@ -300,7 +302,7 @@ impl<'a> Pieces<'a> {
     // A mutable piece from a shared `Pieces` is the point: each is handed out once (`taken`),
     // which is what makes it sound for two threads.
     #[allow(clippy::mut_from_ref)]
-    pub(crate) fn take(&self, i: usize) -> Option<&mut [i32]> {
+    pub(crate) fn take(&self, i: usize) -> Option<&mut [T]> {
         if self.taken.get(i)?.swap(true, Ordering::AcqRel) {
             return None;
         }

@@ -116,12 +116,12 @@
 //! and no pool is started.
 //!
 //! One text alone runs on the caller's thread (a pool's wake-ups cost a short text more than
-//! they save) up to 128 tokens, and on the pool above. With int8 weights and more than one
-//! thread, a text of at most 32 tokens (a query) shares the columns of each int8 product
-//! with one helper thread, when no other call is running on the backend. The helper is
-//! started on the first such text; it spins for 200 µs after each product, then parks. Each column is still computed whole by one kernel,
-//! so the vectors keep their bits. On a 2-core Xeon with AMX it took a query's p50 from 0.72
-//! to 0.62 ms (BENCHMARKS.md).
+//! they save) up to 128 tokens, and on the pool above. With more than one thread, a text
+//! of at most 32 tokens (a query) shares the columns of each product (int8 or fp32) with one
+//! helper thread, when no other call is running on the backend. The helper is started on
+//! the first such text; it spins for 200 µs after each product, then parks. Each column is
+//! still computed whole by one kernel, so the vectors keep their bits. On a 2-core Xeon
+//! with AMX it took an int8 query's p50 from 0.72 to 0.62 ms (BENCHMARKS.md).
 //!
 //! # Memory
 //!
@@ -532,7 +532,7 @@ impl NativeBuilder {
 pub struct NativeBackend {
     model: Model,
     pool: Option<rayon::ThreadPool>,
-    /// With more than one thread and int8 weights: a helper for short texts' products
+    /// With more than one thread: a helper for short texts' products
     /// (`helper.rs`), started on first use; `None` inside if it could not start.
     helper: std::sync::OnceLock<Option<std::sync::Arc<helper::Helper>>>,
     /// Calls of `forward` running now: the helper serves only a call that runs alone (under
@@ -686,14 +686,12 @@ impl NativeBackend {
         })
     }
 
-    /// The helper for a short text's int8 products: with int8 weights, more than one
-    /// thread on a machine with more than one core, and no other call running; started on
-    /// first use. A thread that cannot start leaves the text on the caller's thread alone
+    /// The helper for a short text's products: with more than one thread on a machine with
+    /// more than one core, and no other call running; started on first use. A thread that cannot start leaves the text on the caller's thread alone
     /// (the same vectors, only slower).
     fn helper(&self) -> Option<std::sync::Arc<helper::Helper>> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         if self.pool.is_none()
-            || self.model.kernel().is_none()
             || cores < 2
             || self.in_flight.load(std::sync::atomic::Ordering::Relaxed) > 1
         {
@@ -825,7 +823,7 @@ impl Backend for NativeBackend {
                 };
                 // Splitting one short text's layers over the workers costs a wake-up per
                 // layer step (measured: a 10-token query took 1.7 ms on two workers, 0.9 ms
-                // on one); long texts gain from it. A query-sized one shares its int8
+                // on one); long texts gain from it. A query-sized one shares its
                 // products' columns with the helper thread instead (the helper slowed a
                 // 76-token text by ≈ 10 %: BENCHMARKS.md, sixth step).
                 if ids.len() >= INTRA_TEXT_MIN_TOKENS {

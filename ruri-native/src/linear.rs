@@ -586,7 +586,8 @@ impl Linear {
         match self {
             Linear::Fp32 { w, n, k } => {
                 grow(&mut s.y, s.rows * n);
-                simd_f32::fp32_gemm(&s.x, s.rows, *k, w, *n, &mut s.y, false);
+                let helper = s.helper.as_deref().map(|h| (h, &mut s.split_f32));
+                fp32_product(w, *n, *k, &s.x, s.rows, &mut s.y, false, helper);
             }
             Linear::Int8(p) => {
                 let helper = s.helper.as_deref().map(|h| (h, &mut s.split));
@@ -606,7 +607,8 @@ impl Linear {
     pub(crate) fn finish(&self, s: &mut LinearScratch, out: &mut [f32], accumulate: bool) {
         match self {
             Linear::Fp32 { w, n, k } => {
-                simd_f32::fp32_gemm(&s.x, s.rows, *k, w, *n, out, accumulate)
+                let helper = s.helper.as_deref().map(|h| (h, &mut s.split_f32));
+                fp32_product(w, *n, *k, &s.x, s.rows, out, accumulate, helper)
             }
             _ => {
                 self.run(s);
@@ -709,9 +711,10 @@ impl Linear {
         match self {
             // fp32 reads x in place and adds to `out` in its tiles: nothing to stage.
             Linear::Fp32 { w, .. } => {
-                on_rows(pool, rows, n, out, scratch, |first, rows, out, _| {
+                on_rows(pool, rows, n, out, scratch, |first, rows, out, s| {
                     let x = &x[first * k..(first + rows) * k];
-                    simd_f32::fp32_gemm(x, rows, k, w, n, out, accumulate)
+                    let helper = s.helper.as_deref().map(|h| (h, &mut s.split_f32));
+                    fp32_product(w, n, k, x, rows, out, accumulate, helper)
                 })
             }
             _ => {
@@ -732,6 +735,52 @@ impl Linear {
         scratch: &mut LinearScratch,
     ) {
         self.forward_on(None, x, rows, out, accumulate, scratch);
+    }
+}
+
+/// `out (+)= x · Wᵀ` for `rows` rows of `x` with fp32 weights `w` (`n × k`, packed). With a
+/// helper and at most [`HELPER_MAX_ROWS`] rows, W's panels are cut in two halves of whole
+/// panels, one for the caller's thread and one for the helper, each multiplied into a block
+/// of `split` and then stored in (or added to) `out`'s rows: each output is still one tile's
+/// sum, added to `out` once, so the bits are those of one call.
+#[allow(clippy::too_many_arguments)]
+fn fp32_product(
+    w: &[f32],
+    n: usize,
+    k: usize,
+    x: &[f32],
+    rows: usize,
+    out: &mut [f32],
+    accumulate: bool,
+    helper: Option<(&Helper, &mut Vec<f32>)>,
+) {
+    const PANEL: usize = simd_f32::FP32_PANEL;
+    let panels = n.div_ceil(PANEL);
+    let Some((helper, split)) = helper.filter(|_| rows <= HELPER_MAX_ROWS && panels >= 2) else {
+        return simd_f32::fp32_gemm(x, rows, k, w, n, out, accumulate);
+    };
+    let columns = [0, panels.div_ceil(2) * PANEL, n];
+    let bounds = columns.map(|c| c * rows);
+    grow(split, rows * n);
+    {
+        let pieces = Pieces::new(&mut split[..rows * n], &bounds);
+        helper.run(columns.len() - 1, &|i, _worker| {
+            let piece = pieces.take(i).expect("each piece is run once");
+            let (c0, width) = (columns[i], columns[i + 1] - columns[i]);
+            let w = &w[c0 / PANEL * k * PANEL..];
+            simd_f32::fp32_gemm(x, rows, k, w, width, piece, false);
+        });
+    }
+    for (c, piece) in columns.windows(2).zip(bounds.windows(2)) {
+        let width = c[1] - c[0];
+        for (r, src) in split[piece[0]..piece[1]].chunks_exact(width).enumerate() {
+            let o = &mut out[r * n + c[0]..r * n + c[1]];
+            if accumulate {
+                o.iter_mut().zip(src).for_each(|(o, &v)| *o += v);
+            } else {
+                o.copy_from_slice(src);
+            }
+        }
     }
 }
 
@@ -784,6 +833,7 @@ pub(crate) struct LinearScratch {
     /// A helper thread for short calls' int8 products, and their pieces' products.
     pub(crate) helper: Option<Arc<Helper>>,
     split: Vec<i32>,
+    split_f32: Vec<f32>,
     outlier_x: Vec<f32>,
     /// One input row while it is quantized, a split's gathered columns.
     row: Vec<f32>,
@@ -1078,6 +1128,54 @@ mod tests {
             assert_eq!(bits(&shared), bits(&alone), "{kernel:?}, the MLP");
             assert_ne!(alone, x);
         }
+    }
+
+    /// fp32 products shared with a helper (halves of whole panels) give the bits of one
+    /// call: stored and added to `out`, with an odd panel count and a last partial panel,
+    /// and in the fused MLP (Wi's rows held, Wo added to the residual).
+    #[test]
+    fn fp32_products_shared_with_a_helper_keep_their_bits() {
+        let helper = Some(Arc::new(Helper::start().expect("a thread")));
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let shared_scratch = || LinearScratch {
+            helper: helper.clone(),
+            ..LinearScratch::default()
+        };
+        for (n, k) in [(200usize, 100usize), (128, 33), (150, 64)] {
+            let w: Vec<f32> = (0..n * k).map(|i| value(i + 3)).collect();
+            let layer = Linear::fp32(&w, n, k);
+            for rows in [1, 2, 7, HELPER_MAX_ROWS, HELPER_MAX_ROWS + 1] {
+                let x: Vec<f32> = (0..rows * k).map(|i| value(i + rows)).collect();
+                for accumulate in [false, true] {
+                    let start: Vec<f32> = (0..rows * n).map(|i| value(i + 11)).collect();
+                    let (mut alone, mut shared) = (start.clone(), start.clone());
+                    let mut s = LinearScratch::default();
+                    layer.forward(&x, rows, &mut alone, accumulate, &mut s);
+                    layer.forward(&x, rows, &mut shared, accumulate, &mut shared_scratch());
+                    assert_eq!(bits(&shared), bits(&alone), "{n}×{k}, {rows} rows");
+                    assert_ne!(alone, start);
+                }
+            }
+        }
+        let (h, u, rows) = (128usize, 96usize, 9usize);
+        let wi: Vec<f32> = (0..2 * u * h).map(|i| value(i + 5)).collect();
+        let wo: Vec<f32> = (0..h * u).map(|i| value(i + 9) * 0.3).collect();
+        let (wi, wo) = (Linear::fp32(&wi, 2 * u, h), Linear::fp32(&wo, h, u));
+        let norm = vec![1.0f32; h];
+        let x: Vec<f32> = (0..rows * h).map(|i| value(i + 1)).collect();
+        let (mut alone, mut shared) = (x.clone(), x.clone());
+        geglu_mlp(
+            &wi,
+            &wo,
+            &norm,
+            1e-5,
+            &mut alone,
+            &mut MlpScratch::default(),
+        );
+        let mut s = MlpScratch::with_helper(helper.clone());
+        geglu_mlp(&wi, &wo, &norm, 1e-5, &mut shared, &mut s);
+        assert_eq!(bits(&shared), bits(&alone), "the fp32 MLP");
+        assert_ne!(alone, x);
     }
 
     /// Columns that write only output 0 (and carry large activations) are found, and their
