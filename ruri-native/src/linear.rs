@@ -830,7 +830,7 @@ pub(crate) struct LinearScratch {
     acc_side: Vec<i32>,
     /// The kernel's own copy of the staged rows (see `PackedWeights::gemm`).
     kernel: Vec<u8>,
-    /// A helper thread for short calls' int8 products, and their pieces' products.
+    /// A helper thread for short calls' products (int8 and fp32), and their pieces' products.
     pub(crate) helper: Option<Arc<Helper>>,
     split: Vec<i32>,
     split_f32: Vec<f32>,
