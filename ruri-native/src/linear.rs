@@ -45,6 +45,11 @@ const ROW_CHUNK: usize = 96;
 /// Products of at most this many rows share their columns with a helper thread, when the
 /// call has one (a short text alone: see [`crate::helper`]).
 pub(crate) const HELPER_MAX_ROWS: usize = 32;
+/// The same for fp32 products: every lone text the pool leaves to the caller's thread. An
+/// fp32 product costs four times the weight traffic of an int8 one, and halving it paid at
+/// every length measured (BENCHMARKS.md, seventh step: 76 and 123 tokens), where at int8 the
+/// helper slowed a 76-token text.
+pub(crate) const HELPER_MAX_ROWS_FP32: usize = 127;
 /// Rows are split evenly (the microkernels take tiles of any height up to theirs; a query
 /// of 10 tokens splits 5 + 5 rather than 6 + 4).
 const ROW_GRAIN: usize = 1;
@@ -739,7 +744,7 @@ impl Linear {
 }
 
 /// `out (+)= x · Wᵀ` for `rows` rows of `x` with fp32 weights `w` (`n × k`, packed). With a
-/// helper and at most [`HELPER_MAX_ROWS`] rows, W's panels are cut in two halves of whole
+/// helper and at most [`HELPER_MAX_ROWS_FP32`] rows, W's panels are cut in two halves of whole
 /// panels, one for the caller's thread and one for the helper, each multiplied into a block
 /// of `split` and then stored in (or added to) `out`'s rows: each output is still one tile's
 /// sum, added to `out` once, so the bits are those of one call.
@@ -756,7 +761,8 @@ fn fp32_product(
 ) {
     const PANEL: usize = simd_f32::FP32_PANEL;
     let panels = n.div_ceil(PANEL);
-    let Some((helper, split)) = helper.filter(|_| rows <= HELPER_MAX_ROWS && panels >= 2) else {
+    let Some((helper, split)) = helper.filter(|_| rows <= HELPER_MAX_ROWS_FP32 && panels >= 2)
+    else {
         return simd_f32::fp32_gemm(x, rows, k, w, n, out, accumulate);
     };
     let columns = [0, panels.div_ceil(2) * PANEL, n];
@@ -1144,7 +1150,7 @@ mod tests {
         for (n, k) in [(200usize, 100usize), (128, 33), (150, 64)] {
             let w: Vec<f32> = (0..n * k).map(|i| value(i + 3)).collect();
             let layer = Linear::fp32(&w, n, k);
-            for rows in [1, 2, 7, HELPER_MAX_ROWS, HELPER_MAX_ROWS + 1] {
+            for rows in [1, 2, 7, 40, HELPER_MAX_ROWS_FP32, HELPER_MAX_ROWS_FP32 + 1] {
                 let x: Vec<f32> = (0..rows * k).map(|i| value(i + rows)).collect();
                 for accumulate in [false, true] {
                     let start: Vec<f32> = (0..rows * n).map(|i| value(i + 11)).collect();
