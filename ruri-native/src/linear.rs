@@ -1112,28 +1112,32 @@ mod tests {
                     assert_eq!(bits(&shared), bits(&alone), "{kernel:?}, {rows} rows");
                 }
             }
-            // The fused MLP (Wi 2 × 96 units wide, Wo back to 128).
-            let (h, u, rows) = (128usize, 96usize, 9usize);
-            let wi: Vec<f32> = (0..2 * u * h).map(|i| value(i + 5)).collect();
-            let wo: Vec<f32> = (0..h * u).map(|i| value(i + 9) * 0.3).collect();
-            let wi = Linear::int8(kernel, &mut wi.clone(), 2 * u, h, Vec::new(), q);
-            let wo = Linear::int8(kernel, &mut wo.clone(), h, u, Vec::new(), q);
-            let norm = vec![1.0f32; h];
-            let x: Vec<f32> = (0..rows * h).map(|i| value(i + 1)).collect();
-            let (mut alone, mut shared) = (x.clone(), x.clone());
-            geglu_mlp(
-                &wi,
-                &wo,
-                &norm,
-                1e-5,
-                &mut alone,
-                &mut MlpScratch::default(),
-            );
-            let mut s = MlpScratch::with_helper(helper.clone());
-            geglu_mlp(&wi, &wo, &norm, 1e-5, &mut shared, &mut s);
-            assert_eq!(bits(&shared), bits(&alone), "{kernel:?}, the MLP");
-            assert_ne!(alone, x);
+            let int8 = |w: &[f32], n, k| Linear::int8(kernel, &mut w.to_vec(), n, k, Vec::new(), q);
+            mlp_keeps_its_bits_with(&helper, int8, &format!("{kernel:?}"));
         }
+    }
+
+    /// The fused MLP (Wi 2 × 96 units wide, Wo back to 128) with layers `make` builds, alone
+    /// and with `helper`: the same bits.
+    fn mlp_keeps_its_bits_with(
+        helper: &Option<Arc<Helper>>,
+        mut make: impl FnMut(&[f32], usize, usize) -> Linear,
+        what: &str,
+    ) {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let (h, u, rows) = (128usize, 96usize, 9usize);
+        let wi: Vec<f32> = (0..2 * u * h).map(|i| value(i + 5)).collect();
+        let wo: Vec<f32> = (0..h * u).map(|i| value(i + 9) * 0.3).collect();
+        let (wi, wo) = (make(&wi, 2 * u, h), make(&wo, h, u));
+        let norm = vec![1.0f32; h];
+        let x: Vec<f32> = (0..rows * h).map(|i| value(i + 1)).collect();
+        let (mut alone, mut shared) = (x.clone(), x.clone());
+        let mut s = MlpScratch::default();
+        geglu_mlp(&wi, &wo, &norm, 1e-5, &mut alone, &mut s);
+        let mut s = MlpScratch::with_helper(helper.clone());
+        geglu_mlp(&wi, &wo, &norm, 1e-5, &mut shared, &mut s);
+        assert_eq!(bits(&shared), bits(&alone), "{what}, the MLP");
+        assert_ne!(alone, x);
     }
 
     /// fp32 products shared with a helper (halves of whole panels) give the bits of one
@@ -1163,25 +1167,7 @@ mod tests {
                 }
             }
         }
-        let (h, u, rows) = (128usize, 96usize, 9usize);
-        let wi: Vec<f32> = (0..2 * u * h).map(|i| value(i + 5)).collect();
-        let wo: Vec<f32> = (0..h * u).map(|i| value(i + 9) * 0.3).collect();
-        let (wi, wo) = (Linear::fp32(&wi, 2 * u, h), Linear::fp32(&wo, h, u));
-        let norm = vec![1.0f32; h];
-        let x: Vec<f32> = (0..rows * h).map(|i| value(i + 1)).collect();
-        let (mut alone, mut shared) = (x.clone(), x.clone());
-        geglu_mlp(
-            &wi,
-            &wo,
-            &norm,
-            1e-5,
-            &mut alone,
-            &mut MlpScratch::default(),
-        );
-        let mut s = MlpScratch::with_helper(helper.clone());
-        geglu_mlp(&wi, &wo, &norm, 1e-5, &mut shared, &mut s);
-        assert_eq!(bits(&shared), bits(&alone), "the fp32 MLP");
-        assert_ne!(alone, x);
+        mlp_keeps_its_bits_with(&helper, Linear::fp32, "fp32");
     }
 
     /// Columns that write only output 0 (and carry large activations) are found, and their
