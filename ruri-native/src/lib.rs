@@ -118,12 +118,13 @@
 //! One text alone runs on the caller's thread (a pool's wake-ups cost a short text more than
 //! they save) up to 128 tokens, and on the pool above. With more than one thread, such a
 //! text shares the columns of each product with one helper thread, when no other call is
-//! running on the backend: at int8 a text of at most 32 tokens (a query), at fp32 every
-//! one. The helper is started on the first such text; it spins for 200 µs after each
-//! product, then parks. Each column is still computed whole by one kernel, so the vectors
-//! keep their bits. On a 2-core Xeon with AMX it took an int8 query's p50 from 0.72 to
-//! 0.62 ms, an fp32 query's from 5.9 to 2.5 ms and a 123-token fp32 text from 39 to 27 ms
-//! (BENCHMARKS.md).
+//! running on the backend: every such text, except that with the AMX kernel only a text of
+//! at most 32 tokens (a query; AMX's products are so fast that longer texts lost). The
+//! helper is started on the first such text; it spins for 200 µs after each product, then
+//! parks. Each column is still computed whole by one kernel, so the vectors keep their
+//! bits. On a 2-core Xeon with AMX it took an int8 query's p50 from 0.72 to 0.62 ms, an
+//! fp32 query's from 5.9 to 2.5 ms and a 123-token fp32 text from 39 to 27 ms; with the
+//! AVX-512 VNNI kernel a 76-token int8 text from 6.3 to 6.0 ms (BENCHMARKS.md).
 //!
 //! # Memory
 //!
@@ -826,17 +827,13 @@ impl Backend for NativeBackend {
                 // Splitting one short text's layers over the workers costs a wake-up per
                 // layer step (measured: a 10-token query took 1.7 ms on two workers, 0.9 ms
                 // on one); long texts gain from it. A shorter one shares its products'
-                // columns with the helper thread instead: at int8 only a query-sized one (the
-                // helper slowed a 76-token text by ≈ 10 %: BENCHMARKS.md, sixth step), at
-                // fp32 any (it sped up 76- and 123-token texts: seventh step).
+                // columns with the helper thread instead: any, except with AMX only a
+                // query-sized one (see `linear::helper_max_rows`).
                 if ids.len() >= INTRA_TEXT_MIN_TOKENS {
                     self.model
                         .embed(&packed, &mut out, self.pool.as_ref(), None)?;
                 } else {
-                    let limit = match self.model.kernel() {
-                        Some(_) => linear::HELPER_MAX_ROWS,
-                        None => linear::HELPER_MAX_ROWS_FP32,
-                    };
+                    let limit = linear::helper_max_rows(self.model.kernel());
                     let helper = (ids.len() <= limit).then(|| self.helper()).flatten();
                     self.model.embed(&packed, &mut out, None, helper)?;
                 }

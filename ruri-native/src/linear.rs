@@ -43,13 +43,22 @@ pub(crate) const PARALLEL_MIN_ROWS: usize = 4;
 /// for the epilogue (two of the microkernels' row blocks).
 const ROW_CHUNK: usize = 96;
 /// Products of at most this many rows share their columns with a helper thread, when the
-/// call has one (a short text alone: see [`crate::helper`]).
-pub(crate) const HELPER_MAX_ROWS: usize = 32;
-/// The same for fp32 products: every lone text the pool leaves to the caller's thread. An
-/// fp32 product costs four times the weight traffic of an int8 one, and halving it paid at
-/// every length measured (BENCHMARKS.md, seventh step: 76 and 123 tokens), where at int8 the
-/// helper slowed a 76-token text.
-pub(crate) const HELPER_MAX_ROWS_FP32: usize = 127;
+/// call has one (a lone text the pool leaves to the caller's thread: see
+/// [`crate::helper`]): at fp32 and with every int8 kernel but AMX. Halving the products paid
+/// at every length measured (BENCHMARKS.md, seventh and eighth steps: 76 and 123 tokens, fp32
+/// and the AVX-512 VNNI kernel).
+pub(crate) const HELPER_MAX_ROWS: usize = 127;
+/// With AMX only a query-sized product is shared: its products are so fast that splitting a
+/// 76- or 123-token text's cost more than they saved (9–14 % slower: eighth step).
+pub(crate) const HELPER_MAX_ROWS_AMX: usize = 32;
+
+/// The most rows a product with `kernel` (`None`: fp32) shares with a helper.
+pub(crate) fn helper_max_rows(kernel: Option<Kernel>) -> usize {
+    match kernel {
+        Some(Kernel::Amx) => HELPER_MAX_ROWS_AMX,
+        _ => HELPER_MAX_ROWS,
+    }
+}
 /// Rows are split evenly (the microkernels take tiles of any height up to theirs; a query
 /// of 10 tokens splits 5 + 5 rather than 6 + 4).
 const ROW_GRAIN: usize = 1;
@@ -333,7 +342,9 @@ impl Int8 {
         grow(acc, rows * np);
         const PIECE: usize = PackedWeights::COLUMN_PIECE;
         match helper {
-            Some((helper, split)) if rows <= HELPER_MAX_ROWS && np >= 2 * PIECE => {
+            Some((helper, split))
+                if rows <= helper_max_rows(Some(self.packed.kernel)) && np >= 2 * PIECE =>
+            {
                 // Two halves of whole PIECEs of columns (the second what is left), each a
                 // block of `rows × width` in `split`, then put back in rows. Halves, because
                 // each piece costs a kernel call (and AMX a tile configuration and a copy of
@@ -744,7 +755,7 @@ impl Linear {
 }
 
 /// `out (+)= x · Wᵀ` for `rows` rows of `x` with fp32 weights `w` (`n × k`, packed). With a
-/// helper and at most [`HELPER_MAX_ROWS_FP32`] rows, W's panels are cut in two halves of whole
+/// helper and at most [`HELPER_MAX_ROWS`] rows, W's panels are cut in two halves of whole
 /// panels, one for the caller's thread and one for the helper, each multiplied into a block
 /// of `split` and then stored in (or added to) `out`'s rows: each output is still one tile's
 /// sum, added to `out` once, so the bits are those of one call.
@@ -761,7 +772,7 @@ fn fp32_product(
 ) {
     const PANEL: usize = simd_f32::FP32_PANEL;
     let panels = n.div_ceil(PANEL);
-    let Some((helper, split)) = helper.filter(|_| rows <= HELPER_MAX_ROWS_FP32 && panels >= 2)
+    let Some((helper, split)) = helper.filter(|_| rows <= helper_max_rows(None) && panels >= 2)
     else {
         return simd_f32::fp32_gemm(x, rows, k, w, n, out, accumulate);
     };
@@ -1098,7 +1109,8 @@ mod tests {
                 Linear::int8_split(kernel, &w, n, k, vec![1, 50, 51], q),
             ];
             for layer in &layers {
-                for rows in [1, 2, 7, HELPER_MAX_ROWS, HELPER_MAX_ROWS + 1] {
+                let limit = helper_max_rows(Some(kernel));
+                for rows in [1, 2, 7, 40, limit, limit + 1] {
                     let x: Vec<f32> = (0..rows * k)
                         .map(|i| if i % k == 9 { 40.0 } else { value(i + rows) })
                         .collect();
@@ -1154,7 +1166,7 @@ mod tests {
         for (n, k) in [(200usize, 100usize), (128, 33), (150, 64)] {
             let w: Vec<f32> = (0..n * k).map(|i| value(i + 3)).collect();
             let layer = Linear::fp32(&w, n, k);
-            for rows in [1, 2, 7, 40, HELPER_MAX_ROWS_FP32, HELPER_MAX_ROWS_FP32 + 1] {
+            for rows in [1, 2, 7, 40, HELPER_MAX_ROWS, HELPER_MAX_ROWS + 1] {
                 let x: Vec<f32> = (0..rows * k).map(|i| value(i + rows)).collect();
                 for accumulate in [false, true] {
                     let start: Vec<f32> = (0..rows * n).map(|i| value(i + 11)).collect();
