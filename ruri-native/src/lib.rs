@@ -116,7 +116,7 @@
 //! and no pool is started.
 //!
 //! One text alone runs on the caller's thread (a pool's wake-ups cost a short text more than
-//! they save) up to 128 tokens, and on the pool above. With more than one thread, such a
+//! they save) up to 127 tokens, and on the pool from 128. With more than one thread, such a
 //! text shares the columns of each product with one helper thread, when no other call is
 //! running on the backend: every such text, except that with the AMX kernel only a text of
 //! at most 32 tokens (a query; AMX's products are so fast that longer texts lost). The
@@ -124,7 +124,8 @@
 //! parks. Each column is still computed whole by one kernel, so the vectors keep their
 //! bits. On a 2-core Xeon with AMX it took an int8 query's p50 from 0.72 to 0.62 ms, an
 //! fp32 query's from 5.9 to 2.5 ms and a 123-token fp32 text from 39 to 27 ms; with the
-//! AVX-512 VNNI kernel a 76-token int8 text from 6.3 to 6.0 ms (BENCHMARKS.md).
+//! AVX-512 VNNI kernel a 76-token int8 text from 6.7 to 6.1 ms, with AVX2 from 16.9 to
+//! 11.2 ms (BENCHMARKS.md).
 //!
 //! # Memory
 //!
