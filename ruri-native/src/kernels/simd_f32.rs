@@ -37,12 +37,27 @@ macro_rules! multiversion {
 /// Keys per group of the transposed keys that [`scores`] reads.
 pub(crate) const KEY_GROUP: usize = VEC;
 
+/// Whether `len` floats hold `rows` rows of `d` at a stride of `stride` (row `r` is
+/// `[r·stride, r·stride + d)`, rows apart: `stride ≥ d`), without overflow.
+pub(crate) fn holds_rows(len: usize, rows: usize, stride: usize, d: usize) -> bool {
+    rows == 0
+        || (stride >= d
+            && (rows - 1)
+                .checked_mul(stride)
+                .and_then(|start| start.checked_add(d))
+                .is_some_and(|end| end <= len))
+}
+
 /// `out[r][16·g + i] = Σ_c q[r][c] · kt[g_lo + g][c][i]` (c in order) for `rows` queries and
-/// `groups` groups of [`KEY_GROUP`] keys; `kt` is `[group][d][KEY_GROUP]` (keys transposed
-/// group by group), `out` holds `rows × groups·KEY_GROUP`. On AVX-512 the register-blocked
-/// tiles of `x86_f32` (the same bits).
+/// `groups` groups of [`KEY_GROUP`] keys; `q` holds `rows` rows of `d` at a stride of
+/// `q_stride` (a head's columns read in place from Wqkv's output), `kt` is
+/// `[group][d][KEY_GROUP]` (keys transposed group by group), `out` holds
+/// `rows × groups·KEY_GROUP`. On AVX-512 the register-blocked tiles of `x86_f32` (the same
+/// bits).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn scores(
     q: &[f32],
+    q_stride: usize,
     rows: usize,
     d: usize,
     kt: &[f32],
@@ -52,38 +67,45 @@ pub(crate) fn scores(
 ) {
     #[cfg(target_arch = "x86_64")]
     if super::x86_f32::available() {
-        return super::x86_f32::scores(q, rows, d, kt, g_lo, groups, out);
+        return super::x86_f32::scores(q, q_stride, rows, d, kt, g_lo, groups, out);
     }
-    scores_portable(q, rows, d, kt, g_lo, groups, out)
+    scores_portable(q, q_stride, rows, d, kt, g_lo, groups, out)
 }
 
 multiversion! {
     /// [`scores`] without the AVX-512 tiles.
-    fn scores_portable / scores_body(q: &[f32], rows: usize, d: usize, kt: &[f32], g_lo: usize, groups: usize, out: &mut [f32])
+    fn scores_portable / scores_body(q: &[f32], q_stride: usize, rows: usize, d: usize, kt: &[f32], g_lo: usize, groups: usize, out: &mut [f32])
 }
 
 /// `out[r][c] += Σ_j p[r][j] · v[j][c]` for `j < keys` in order, for `rows` rows; `p` is
-/// `rows × width` (`keys ≤ width`), `v` is `keys × d`, `out` is `rows × d`. On AVX-512 with
-/// `d` a multiple of 16, the register-blocked tiles of `x86_f32` (the same bits).
+/// `rows × width` (`keys ≤ width`), `v` holds `keys` rows of `d` at a stride of `v_stride`,
+/// `out` `rows` rows of `d` at a stride of `out_stride` (in place: a head's columns of Wqkv's
+/// output and of the context rows). On AVX-512 with `d` a multiple of 16, the
+/// register-blocked tiles of `x86_f32` (the same bits).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn weighted_sum_rows(
     p: &[f32],
     rows: usize,
     width: usize,
     v: &[f32],
+    v_stride: usize,
     keys: usize,
     d: usize,
     out: &mut [f32],
+    out_stride: usize,
 ) {
     #[cfg(target_arch = "x86_64")]
     if d.is_multiple_of(VEC) && super::x86_f32::available() {
-        return super::x86_f32::weighted_sum_rows(p, rows, width, v, keys, d, out);
+        return super::x86_f32::weighted_sum_rows(
+            p, rows, width, v, v_stride, keys, d, out, out_stride,
+        );
     }
-    weighted_sum_rows_portable(p, rows, width, v, keys, d, out)
+    weighted_sum_rows_portable(p, rows, width, v, v_stride, keys, d, out, out_stride)
 }
 
 multiversion! {
     /// [`weighted_sum_rows`] without the AVX-512 tiles.
-    fn weighted_sum_rows_portable / weighted_sum_rows_body(p: &[f32], rows: usize, width: usize, v: &[f32], keys: usize, d: usize, out: &mut [f32])
+    fn weighted_sum_rows_portable / weighted_sum_rows_body(p: &[f32], rows: usize, width: usize, v: &[f32], v_stride: usize, keys: usize, d: usize, out: &mut [f32], out_stride: usize)
 }
 
 multiversion! {
@@ -142,8 +164,10 @@ multiversion! {
 const VEC: usize = 16;
 
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn scores_body(
     q: &[f32],
+    q_stride: usize,
     rows: usize,
     d: usize,
     kt: &[f32],
@@ -152,10 +176,10 @@ fn scores_body(
     out: &mut [f32],
 ) {
     let width = groups * VEC;
-    assert!(q.len() >= rows * d && kt.len() >= (g_lo + groups) * d * VEC);
+    assert!(holds_rows(q.len(), rows, q_stride, d) && kt.len() >= (g_lo + groups) * d * VEC);
     assert!(out.len() >= rows * width);
     for r in 0..rows {
-        let qr = &q[r * d..(r + 1) * d];
+        let qr = &q[r * q_stride..r * q_stride + d];
         for g in 0..groups {
             let group = &kt[(g_lo + g) * d * VEC..(g_lo + g + 1) * d * VEC];
             // One accumulator in registers over all of d, one channel after another.
@@ -171,21 +195,24 @@ fn scores_body(
 }
 
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn weighted_sum_rows_body(
     p: &[f32],
     rows: usize,
     width: usize,
     v: &[f32],
+    v_stride: usize,
     keys: usize,
     d: usize,
     out: &mut [f32],
+    out_stride: usize,
 ) {
-    for (pr, o) in p
-        .chunks_exact(width)
-        .zip(out.chunks_exact_mut(d))
-        .take(rows)
-    {
-        weighted_sum_body(&pr[..keys], &v[..keys * d], d, o);
+    assert!(keys <= width && p.len() >= rows * width);
+    assert!(holds_rows(v.len(), keys, v_stride, d));
+    assert!(holds_rows(out.len(), rows, out_stride, d));
+    for (r, pr) in p.chunks_exact(width).take(rows).enumerate() {
+        let o = &mut out[r * out_stride..r * out_stride + d];
+        weighted_sum_body(&pr[..keys], v, v_stride, d, o);
     }
 }
 
@@ -272,8 +299,10 @@ fn softmax_row_from_zero(s: &mut [f32], own_hi: usize, scale: f32) {
     }
 }
 
+/// `out[c] += Σ_j p[j] · v[j][c]` over the keys of `p` in order; row `j` of `v` starts at
+/// `j · v_stride`.
 #[inline(always)]
-fn weighted_sum_body(p: &[f32], v: &[f32], d: usize, out: &mut [f32]) {
+fn weighted_sum_body(p: &[f32], v: &[f32], v_stride: usize, d: usize, out: &mut [f32]) {
     let out = &mut out[..d];
     let mut c0 = 0;
     while c0 < d {
@@ -282,14 +311,14 @@ fn weighted_sum_body(p: &[f32], v: &[f32], d: usize, out: &mut [f32]) {
         let mut acc = [0.0f32; VEC];
         acc[..w].copy_from_slice(&out[c0..c0 + w]);
         if w == VEC {
-            for (&pj, vj) in p.iter().zip(v.chunks_exact(d)) {
+            for (&pj, vj) in p.iter().zip(v.chunks(v_stride.max(1))) {
                 let vj: &[f32; VEC] = vj[c0..c0 + VEC].try_into().expect("VEC values");
                 for (a, &x) in acc.iter_mut().zip(vj) {
                     *a += pj * x;
                 }
             }
         } else {
-            for (&pj, vj) in p.iter().zip(v.chunks_exact(d)) {
+            for (&pj, vj) in p.iter().zip(v.chunks(v_stride.max(1))) {
                 for (a, &x) in acc.iter_mut().zip(&vj[c0..c0 + w]) {
                     *a += pj * x;
                 }
@@ -735,9 +764,26 @@ mod tests {
             let used = groups - g_lo;
             let width = used * VEC;
             let (mut a, mut b) = (vec![0.0; rows * width], vec![0.0; rows * width]);
-            scores(&q, rows, d, &kt, g_lo, used, &mut a);
-            scores_body(&q, rows, d, &kt, g_lo, used, &mut b);
+            scores(&q, d, rows, d, &kt, g_lo, used, &mut a);
+            scores_body(&q, d, rows, d, &kt, g_lo, used, &mut b);
             prop_assert_eq!(bits(&a), bits(&b));
+            // q read in place, rows `stride` apart (a head's columns of Wqkv's rows): the same
+            // bits, on every version.
+            let stride = d + 1 + seed as usize % 40;
+            let spread = |x: &[f32], rows: usize| {
+                let mut wide = vec![f32::NAN; rows * stride];
+                for (r, row) in x.chunks_exact(d).take(rows).enumerate() {
+                    wide[r * stride..r * stride + d].copy_from_slice(row);
+                }
+                wide.truncate((rows - 1) * stride + d);
+                wide
+            };
+            let q_wide = spread(&q, rows);
+            let (mut c, mut e) = (vec![0.0; rows * width], vec![0.0; rows * width]);
+            scores(&q_wide, stride, rows, d, &kt, g_lo, used, &mut c);
+            scores_body(&q_wide, stride, rows, d, &kt, g_lo, used, &mut e);
+            prop_assert_eq!(bits(&c), bits(&a));
+            prop_assert_eq!(bits(&e), bits(&a));
             // Against the definition: key j of group g is kt[g][c][j].
             for r in 0..rows {
                 for j in 0..width {
@@ -769,15 +815,24 @@ mod tests {
             // its own window alone, bit for bit (the zeros outside change nothing).
             let v: Vec<f32> = (0..keys * d).map(|i| value(i + 11)).collect();
             let (mut a, mut b) = (vec![0.25; rows * d], vec![0.25; rows * d]);
-            weighted_sum_rows(&p, rows, width, &v, keys, d, &mut a);
-            weighted_sum_rows_body(&p, rows, width, &v, keys, d, &mut b);
+            weighted_sum_rows(&p, rows, width, &v, d, keys, d, &mut a, d);
+            weighted_sum_rows_body(&p, rows, width, &v, d, keys, d, &mut b, d);
             prop_assert_eq!(bits(&a), bits(&b));
             for r in 0..rows {
                 let (own_lo, own_hi) = own(r);
                 let mut alone = vec![0.25; d];
-                weighted_sum_body(&p[r * width + own_lo..r * width + own_hi], &v[own_lo * d..own_hi * d], d, &mut alone);
+                weighted_sum_body(&p[r * width + own_lo..r * width + own_hi], &v[own_lo * d..own_hi * d], d, d, &mut alone);
                 prop_assert_eq!(bits(&a[r * d..(r + 1) * d]), bits(&alone));
             }
+            // v read and out written in place, rows `stride` apart: the same bits, and the
+            // values between the rows untouched.
+            let v_wide = spread(&v, keys);
+            let start = spread(&vec![0.25; rows * d], rows);
+            let (mut c, mut e) = (start.clone(), start.clone());
+            weighted_sum_rows(&p, rows, width, &v_wide, stride, keys, d, &mut c, stride);
+            weighted_sum_rows_body(&p, rows, width, &v_wide, stride, keys, d, &mut e, stride);
+            prop_assert_eq!(bits(&c), bits(&spread(&a, rows)));
+            prop_assert_eq!(bits(&e), bits(&spread(&a, rows)));
             let p: Vec<f32> = (0..width).map(|i| value(i + 3)).collect();
             let u: Vec<f32> = (0..width).map(|i| value(i + 5) * 40.0).collect();
             let (mut a, mut b) = (vec![0.0; width], vec![0.0; width]);

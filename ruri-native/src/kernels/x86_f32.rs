@@ -10,6 +10,8 @@
 
 use std::arch::x86_64::*;
 
+use super::simd_f32::holds_rows;
+
 /// Query rows per tile.
 const MR: usize = 4;
 /// Lanes of one vector.
@@ -26,9 +28,12 @@ pub(crate) fn available() -> bool {
 }
 
 /// `out[r][16·g + i] = Σ_c q[r][c] · kt[g_lo + g][c][i]` (c in order) for `rows` queries
-/// and `groups` groups of 16 keys; `kt` is `[group][d][16]`, `out` is `rows × groups·16`.
+/// (row `r` of `q` at `r · q_stride`) and `groups` groups of 16 keys; `kt` is
+/// `[group][d][16]`, `out` is `rows × groups·16`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn scores(
     q: &[f32],
+    q_stride: usize,
     rows: usize,
     d: usize,
     kt: &[f32],
@@ -37,17 +42,21 @@ pub(crate) fn scores(
     out: &mut [f32],
 ) {
     assert!(available(), "AVX-512 tiles on a CPU without AVX-512F");
-    assert!(q.len() >= rows * d && kt.len() >= (g_lo + groups) * d * LANES);
+    assert!(holds_rows(q.len(), rows, q_stride, d));
+    assert!(kt.len() >= (g_lo + groups) * d * LANES);
     assert!(out.len() >= rows * groups * LANES);
-    // SAFETY: the CPU runs AVX-512F (checked above). Tile (r, g0) reads q[r..r + mr][..d],
-    // groups g_lo + g0..g_lo + g0 + nv of kt (≤ g_lo + groups, each d·16 floats) and writes
-    // out[r..r + mr][16·g0..16·(g0 + nv)] (g0 + nv ≤ groups): inside the checked sizes.
-    unsafe { scores_impl(q, rows, d, kt, g_lo, groups, out) }
+    // SAFETY: the CPU runs AVX-512F (checked above). Tile (r, g0) reads
+    // q[(r..r + mr) · q_stride..][..d], groups g_lo + g0..g_lo + g0 + nv of kt (≤ g_lo +
+    // groups, each d·16 floats) and writes out[r..r + mr][16·g0..16·(g0 + nv)] (g0 + nv ≤
+    // groups): inside the checked sizes.
+    unsafe { scores_impl(q, q_stride, rows, d, kt, g_lo, groups, out) }
 }
 
 #[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn scores_impl(
     q: &[f32],
+    q_stride: usize,
     rows: usize,
     d: usize,
     kt: &[f32],
@@ -66,20 +75,23 @@ unsafe fn scores_impl(
             // SAFETY: the offsets are those of tile (r, g0), inside the buffers (see
             // `scores`).
             unsafe {
-                let (qt, o) = (q.add(r * d), out.add(r * width + g0 * LANES));
+                let (qt, o) = (q.add(r * q_stride), out.add(r * width + g0 * LANES));
                 let kt = kt.add((g_lo + g0) * d * LANES);
                 let group = d * LANES;
+                let qs = q_stride;
                 match (mr, nv) {
-                    (MR, NV) => scores_tile::<MR, NV>(qt, d, kt, o, width),
+                    (MR, NV) => scores_tile::<MR, NV>(qt, qs, d, kt, o, width),
                     (MR, _) => {
                         for n in 0..nv {
-                            scores_tile::<MR, 1>(qt, d, kt.add(n * group), o.add(n * LANES), width);
+                            let (kt, o) = (kt.add(n * group), o.add(n * LANES));
+                            scores_tile::<MR, 1>(qt, qs, d, kt, o, width);
                         }
                     }
-                    (_, NV) => scores_tile::<1, NV>(qt, d, kt, o, width),
+                    (_, NV) => scores_tile::<1, NV>(qt, qs, d, kt, o, width),
                     _ => {
                         for n in 0..nv {
-                            scores_tile::<1, 1>(qt, d, kt.add(n * group), o.add(n * LANES), width);
+                            let (kt, o) = (kt.add(n * group), o.add(n * LANES));
+                            scores_tile::<1, 1>(qt, qs, d, kt, o, width);
                         }
                     }
                 }
@@ -93,12 +105,14 @@ unsafe fn scores_impl(
 /// `R × N·16` scores, one accumulator per vector, summed over c in order.
 ///
 /// # Safety
-/// AVX-512F; `q` holds `R` rows of `d`, `kt` (at the tile's first group) `N` groups of
-/// `d × 16` keys, `out` `R` rows of stride `width` with `N·16` columns.
+/// AVX-512F; `q` holds `R` rows of stride `q_stride` with `d` values, `kt` (at the tile's
+/// first group) `N` groups of `d × 16` keys, `out` `R` rows of stride `width` with `N·16`
+/// columns.
 #[target_feature(enable = "avx512f")]
 #[inline]
 unsafe fn scores_tile<const R: usize, const N: usize>(
     q: *const f32,
+    q_stride: usize,
     d: usize,
     kt: *const f32,
     out: *mut f32,
@@ -113,7 +127,7 @@ unsafe fn scores_tile<const R: usize, const N: usize>(
         }
         for (r, acc) in acc.iter_mut().enumerate() {
             // SAFETY: q[r][c] (the caller's contract).
-            let qv = _mm512_set1_ps(unsafe { *q.add(r * d + c) });
+            let qv = _mm512_set1_ps(unsafe { *q.add(r * q_stride + c) });
             for (a, &k) in acc.iter_mut().zip(&k) {
                 *a = _mm512_add_ps(*a, _mm512_mul_ps(qv, k));
             }
@@ -128,35 +142,46 @@ unsafe fn scores_tile<const R: usize, const N: usize>(
 }
 
 /// `out[r][c] += Σ_j p[r][j] · v[j][c]` for `j < keys` in order; `p` is `rows × width`
-/// (`keys ≤ width`), `v` is `keys × d` with `d` a multiple of 16, `out` is `rows × d`.
+/// (`keys ≤ width`), `v` holds `keys` rows of `d` at a stride of `v_stride` (`d` a multiple
+/// of 16), `out` `rows` rows of `d` at a stride of `out_stride`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn weighted_sum_rows(
     p: &[f32],
     rows: usize,
     width: usize,
     v: &[f32],
+    v_stride: usize,
     keys: usize,
     d: usize,
     out: &mut [f32],
+    out_stride: usize,
 ) {
     assert!(available(), "AVX-512 tiles on a CPU without AVX-512F");
     assert!(d.is_multiple_of(LANES) && keys <= width);
-    assert!(p.len() >= rows * width && v.len() >= keys * d && out.len() >= rows * d);
+    assert!(p.len() >= rows * width);
+    assert!(holds_rows(v.len(), keys, v_stride, d));
+    assert!(holds_rows(out.len(), rows, out_stride, d));
     // SAFETY: the CPU runs AVX-512F (checked above). Tile (chunk, r, c0) reads
-    // p[r..r + mr][chunk] (chunk < keys ≤ width), v[chunk][c0..c0 + nv·16] (c0 + nv·16 ≤ d)
-    // and reads and writes out[r..r + mr][c0..c0 + nv·16]: inside the checked sizes.
-    unsafe { weighted_sum_rows_impl(p, rows, width, v, keys, d, out) }
+    // p[r..r + mr][chunk] (chunk < keys ≤ width), v[chunk · v_stride..][c0..c0 + nv·16]
+    // (c0 + nv·16 ≤ d) and reads and writes out[(r..r + mr) · out_stride..][c0..c0 + nv·16]:
+    // inside the checked sizes.
+    unsafe { weighted_sum_rows_impl(p, rows, width, v, v_stride, keys, d, out, out_stride) }
 }
 
 #[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn weighted_sum_rows_impl(
     p: &[f32],
     rows: usize,
     width: usize,
     v: &[f32],
+    v_stride: usize,
     keys: usize,
     d: usize,
     out: &mut [f32],
+    out_stride: usize,
 ) {
+    let (vs, os) = (v_stride, out_stride);
     let (p, v, out) = (p.as_ptr(), v.as_ptr(), out.as_mut_ptr());
     // Chunks of keys in ascending order, each summed in order into `out`: per output, the
     // terms are added in the order of j, as in the portable body.
@@ -173,34 +198,22 @@ unsafe fn weighted_sum_rows_impl(
                 unsafe {
                     let (pt, vt, o) = (
                         p.add(r * width + j0),
-                        v.add(j0 * d + c0),
-                        out.add(r * d + c0),
+                        v.add(j0 * vs + c0),
+                        out.add(r * os + c0),
                     );
                     match (mr, nv) {
-                        (MR, NV) => weighted_tile::<MR, NV>(pt, width, vt, d, kn, o),
+                        (MR, NV) => weighted_tile::<MR, NV>(pt, width, vt, vs, kn, o, os),
                         (MR, _) => {
                             for n in 0..nv {
-                                weighted_tile::<MR, 1>(
-                                    pt,
-                                    width,
-                                    vt.add(n * LANES),
-                                    d,
-                                    kn,
-                                    o.add(n * LANES),
-                                );
+                                let (vt, o) = (vt.add(n * LANES), o.add(n * LANES));
+                                weighted_tile::<MR, 1>(pt, width, vt, vs, kn, o, os);
                             }
                         }
-                        (_, NV) => weighted_tile::<1, NV>(pt, width, vt, d, kn, o),
+                        (_, NV) => weighted_tile::<1, NV>(pt, width, vt, vs, kn, o, os),
                         _ => {
                             for n in 0..nv {
-                                weighted_tile::<1, 1>(
-                                    pt,
-                                    width,
-                                    vt.add(n * LANES),
-                                    d,
-                                    kn,
-                                    o.add(n * LANES),
-                                );
+                                let (vt, o) = (vt.add(n * LANES), o.add(n * LANES));
+                                weighted_tile::<1, 1>(pt, width, vt, vs, kn, o, os);
                             }
                         }
                     }
@@ -216,29 +229,31 @@ unsafe fn weighted_sum_rows_impl(
 ///
 /// # Safety
 /// AVX-512F; `p` holds `R` rows of stride `width` with `keys` values, `v` `keys` rows of
-/// stride `d` with `N·16` channels, `out` `R` rows of stride `d` with `N·16` channels.
+/// stride `v_stride` with `N·16` channels, `out` `R` rows of stride `out_stride` with `N·16`
+/// channels.
 #[target_feature(enable = "avx512f")]
 #[inline]
 unsafe fn weighted_tile<const R: usize, const N: usize>(
     p: *const f32,
     width: usize,
     v: *const f32,
-    d: usize,
+    v_stride: usize,
     keys: usize,
     out: *mut f32,
+    out_stride: usize,
 ) {
     let mut acc = [[_mm512_setzero_ps(); N]; R];
     for (r, acc) in acc.iter_mut().enumerate() {
         for (n, a) in acc.iter_mut().enumerate() {
             // SAFETY: out[r][n·16..n·16 + 16] (the caller's contract).
-            *a = unsafe { _mm512_loadu_ps(out.add(r * d + n * LANES)) };
+            *a = unsafe { _mm512_loadu_ps(out.add(r * out_stride + n * LANES)) };
         }
     }
     for j in 0..keys {
         let mut x = [_mm512_setzero_ps(); N];
         for (n, x) in x.iter_mut().enumerate() {
             // SAFETY: v[j][n·16..n·16 + 16] (the caller's contract).
-            *x = unsafe { _mm512_loadu_ps(v.add(j * d + n * LANES)) };
+            *x = unsafe { _mm512_loadu_ps(v.add(j * v_stride + n * LANES)) };
         }
         for (r, acc) in acc.iter_mut().enumerate() {
             // SAFETY: p[r][j] (the caller's contract).
@@ -251,7 +266,7 @@ unsafe fn weighted_tile<const R: usize, const N: usize>(
     for (r, acc) in acc.iter().enumerate() {
         for (n, &a) in acc.iter().enumerate() {
             // SAFETY: out[r][n·16..n·16 + 16] (the caller's contract).
-            unsafe { _mm512_storeu_ps(out.add(r * d + n * LANES), a) };
+            unsafe { _mm512_storeu_ps(out.add(r * out_stride + n * LANES), a) };
         }
     }
 }
