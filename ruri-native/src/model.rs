@@ -983,6 +983,10 @@ fn attend(
 ) {
     let h = heads * d;
     let len = positions.len();
+    if len == 0 {
+        // A row without tokens (all padding): nothing to attend, and no head to slice.
+        return;
+    }
     // head_dim^-0.5 (a power of two for head_dim 16 and 64: exact).
     let scale = 1.0 / (d as f32).sqrt();
     // Wqkv's output is viewed as (3, heads, head_dim): q, k, v, each head contiguous. Heads

@@ -233,3 +233,36 @@ fn from_bytes_gives_the_bits_of_from_dir() {
     let expected = alone(&embedder(Precision::Int8, None, 1), &reference.items);
     assert_eq!(alone(&e, &reference.items), expected);
 }
+
+/// A row without tokens (all padding), which the pipeline never sends but the `Backend`
+/// trait lets a caller build, is no panic, and the rows beside it keep the bits they have
+/// alone; a batch of one such row is no panic either.
+#[test]
+fn a_row_without_tokens_changes_no_other_row() {
+    use ruri_core::{Backend, BackendOutput, PaddedBatch};
+    let folder = ruri_core::ModelDir::open(tiny_model_dir()).unwrap();
+    let text = [1u32, 40, 41, 42, 43, 44, 45, 46, 47, 2];
+    for precision in [Precision::Int8, Precision::Fp32] {
+        for threads in [1, 2] {
+            let builder = ruri_native::builder().precision(precision).threads(threads);
+            let backend = ruri_native::NativeBackend::load(&folder, &builder).unwrap();
+            let pooled = |rows: &[&[u32]]| match backend
+                .forward(&PaddedBatch::new(rows.iter().copied(), 3))
+            {
+                Ok(BackendOutput::Pooled(p)) => p,
+                other => panic!("{precision:?}: {other:?}"),
+            };
+            let bits =
+                |v: ndarray::ArrayView1<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let alone = pooled(&[&text]);
+            let mixed = pooled(&[&[], &text, &[]]);
+            assert_eq!(mixed.nrows(), 3);
+            assert_eq!(
+                bits(mixed.row(1)),
+                bits(alone.row(0)),
+                "{precision:?}, {threads} threads"
+            );
+            assert_eq!(pooled(&[&[]]).nrows(), 1);
+        }
+    }
+}
