@@ -63,10 +63,10 @@ pub(crate) fn attend_head(
             scratch.kt[(g * d + c) * KEY_GRAIN + jj] = x;
         }
     }
-    // Values are read again by every block of queries: copied into rows of their own first
-    // (unless they are already).
-    // (Read in place, rows 3·h apart, a 2,308-token text took 1.2× as long: its re-reads of
-    // the values missed the caches.) q is read once per row, k once to transpose it.
+    // Values are read again by every block of queries, so they are copied into rows of their
+    // own first, unless they are already (read in place, rows 3·h apart, a 2,308-token text
+    // took 1.2× as long: its re-reads of the values missed the caches). q is read once per
+    // row and k once, to transpose it: both in place.
     let v = if stride == d {
         head.v
     } else {

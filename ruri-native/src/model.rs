@@ -1002,9 +1002,10 @@ fn attend(
     match pool {
         Some(pool) if heads > 1 && len >= HEAD_SPLIT_MIN_TOKENS => {
             // A long text (≥ 128 tokens alone), its heads on the workers: each head's q, k and
-            // v copied into rows of their own first (read in place, 3·h apart, a 2,308-token
-            // text took 2–4 % longer), and its output into a buffer of its own (the heads'
-            // columns interleave in ctx's rows), copied in afterwards.
+            // v copied into rows of their own first (as before in-place reading: for a
+            // 2,308-token text it measured no faster, 1.02–1.04× main's time either way), and
+            // its output into a buffer of its own (the heads' columns interleave in ctx's
+            // rows), copied in afterwards.
             let mut outs: Vec<Vec<f32>> = vec![Vec::new(); heads];
             pool.scope(|s| {
                 for (head, out) in outs.iter_mut().enumerate() {
