@@ -1166,7 +1166,8 @@ mod tests {
         for (n, k) in [(200usize, 100usize), (128, 33), (150, 64)] {
             let w: Vec<f32> = (0..n * k).map(|i| value(i + 3)).collect();
             let layer = Linear::fp32(&w, n, k);
-            for rows in [1, 2, 7, 40, HELPER_MAX_ROWS, HELPER_MAX_ROWS + 1] {
+            let limit = helper_max_rows(None);
+            for rows in [1, 2, 7, 40, limit, limit + 1] {
                 let x: Vec<f32> = (0..rows * k).map(|i| value(i + rows)).collect();
                 for accumulate in [false, true] {
                     let start: Vec<f32> = (0..rows * n).map(|i| value(i + 11)).collect();
