@@ -266,3 +266,44 @@ fn a_row_without_tokens_changes_no_other_row() {
         }
     }
 }
+
+/// A call of many small batches keeps one batch per worker in flight (the backend's
+/// `parallelism` is its thread count): every vector comes back in input order with the bits
+/// it has alone, int8 and fp32, on 1, 2 and 3 threads.
+#[test]
+fn batches_in_flight_keep_the_order_and_the_bits() {
+    use ruri_core::Backend;
+    let reference = Reference::tiny();
+    // Texts in input order, each with its prompt written in, and three copies of the list:
+    // 2 texts a batch gives many batches, sorted by length, so that the batches finish out of
+    // input order.
+    let texts: Vec<String> = (0..3)
+        .flat_map(|_| &reference.items)
+        .map(|i| format!("{}{}", i.prompt, i.text))
+        .collect();
+    for precision in [Precision::Int8, Precision::Fp32] {
+        for threads in [1, 2, 3] {
+            let e = ruri_native::builder()
+                .precision(precision)
+                .threads(threads)
+                .batching(BatchOptions::default().max_batch_size(2))
+                .build_from_dir(tiny_model_dir())
+                .unwrap();
+            let backend = e.backend_as::<ruri_native::NativeBackend>().unwrap();
+            assert_eq!(backend.parallelism(), threads, "{precision:?}");
+            let all = e
+                .embed_with(&texts, &EmbedOptions::new(Task::None))
+                .unwrap();
+            for (i, text) in texts.iter().enumerate() {
+                let one = e
+                    .embed_with(&[text.as_str()], &EmbedOptions::new(Task::None))
+                    .unwrap();
+                assert_eq!(
+                    all.get(i).unwrap(),
+                    one.get(0).unwrap(),
+                    "{precision:?}, {threads} threads, text {i}"
+                );
+            }
+        }
+    }
+}
