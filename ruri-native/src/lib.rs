@@ -761,7 +761,7 @@ impl Backend for NativeBackend {
     /// not by time) or the pipeline pads the next one, the other batch's groups keep the
     /// idle worker busy. Each batch still splits into groups on the same pool, so the work
     /// never exceeds the pool's threads; vectors do not depend on the batch (see the crate's
-    /// docs). Measured on a 2-core Zen 4: +4 % documents/s, 3 MB more peak RSS
+    /// docs). Measured on a 2-core Zen 4: +4 % documents/s at int8 and fp32, ≈ 4 MB more peak RSS
     /// (BENCHMARKS.md, ninth step).
     fn parallelism(&self) -> usize {
         self.threads()
