@@ -7,12 +7,13 @@
 //! (`Throughput::Elements` counts MACs), on every kernel this CPU runs (on AVX-512 CPUs that
 //! includes `avx512vnni256`, the AVX-VNNI kernel's source in its EVEX encoding); and the
 //! MLP's GeGLU on one 64-row chunk of the 30m shape's 1,024 intermediate channels, in values
-//! per second.
+//! per second; one text's attention (every head of the 30m shape, tokens per second) and the
+//! quantization of int8 inputs (values per second).
 //! `cargo bench -p ruri-native --bench kernels`.
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use ruri_native::Kernel;
-use ruri_native::bench::{Fp32Gemm, Gemm, geglu};
+use ruri_native::bench::{Attention, Fp32Gemm, Gemm, geglu, quantize_rows};
 
 fn kernels(c: &mut Criterion) {
     // (name, M, N, K): Wqkv, attention Wo, Wi, MLP Wo of ruri-v3-30m; one query; a square;
@@ -71,6 +72,29 @@ fn kernels(c: &mut Criterion) {
             std::hint::black_box(out[len / 3])
         })
     });
+    group.finish();
+    // Attention of one text, all 4 heads of the 30m shape (d = 64): the workload's median
+    // document (23 tokens), a query-sized one, and one at the key group's edge.
+    let mut group = c.benchmark_group("attention");
+    for len in [12, 23, 48] {
+        let mut attention = Attention::new(len, 4, 64);
+        group.throughput(Throughput::Elements(len as u64));
+        group.bench_function(format!("text_{len}"), |b| {
+            b.iter(|| std::hint::black_box(attention.run()))
+        });
+    }
+    group.finish();
+    // Staging int8 inputs: 64 rows of the hidden width (Wqkv, attention Wo, Wi) and of the
+    // intermediate width (MLP Wo), in values per second.
+    let mut group = c.benchmark_group("quantize");
+    for k in [256, 1024] {
+        let x: Vec<f32> = (0..64 * k).map(|i| value(i * 3 + 1)).collect();
+        let mut q = vec![0i8; 64 * k];
+        group.throughput(Throughput::Elements((64 * k) as u64));
+        group.bench_function(format!("rows_64x{k}"), |b| {
+            b.iter(|| std::hint::black_box(quantize_rows(&x, k, &mut q)))
+        });
+    }
     group.finish();
 }
 

@@ -90,7 +90,16 @@ pub(crate) fn attend_head(
         }
         &scratch.v
     };
+    // A text within the window (every text of up to `window` + 1 positions): every query
+    // sees every key, and no search is needed.
+    let whole = match (positions.first(), positions.last()) {
+        (Some(&first), Some(&last)) => last.saturating_sub(first) as usize <= window,
+        _ => true,
+    };
     let window_of = |i: usize| {
+        if whole {
+            return (0, len);
+        }
         let pi = positions[i] as usize;
         let lo = positions.partition_point(|&p| pi.saturating_sub(p as usize) > window);
         let hi = positions.partition_point(|&p| (p as usize) <= pi.saturating_add(window));
@@ -121,12 +130,14 @@ pub(crate) fn attend_head(
             width / KEY_GRAIN,
             scores,
         );
-        for (r, s) in scores.chunks_exact_mut(width).enumerate() {
+        // Zero outside each query's own keys: the block's weighted sum runs over the union
+        // [lo, hi), and a zero term changes no sum.
+        let mut own = [(0, 0); QUERY_BLOCK];
+        for (r, o) in own[..rows].iter_mut().enumerate() {
             let (own_lo, own_hi) = window_of(first + r);
-            // Zero outside the query's own keys: the block's weighted sum runs over the
-            // union [lo, hi), and a zero term changes no sum.
-            simd_f32::softmax_row(s, own_lo - lo, own_hi - lo, scale);
+            *o = (own_lo - lo, own_hi - lo);
         }
+        simd_f32::softmax_rows(scores, width, &own[..rows], scale);
         let o = &mut out[first * out_stride..];
         for r in 0..rows {
             o[r * out_stride..r * out_stride + d].fill(0.0);

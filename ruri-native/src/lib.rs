@@ -268,6 +268,69 @@ pub mod bench {
         crate::kernels::simd_f32::geglu(input, gate, out);
     }
 
+    /// One text's attention, every head, as the engine runs a short text: q, k and v read in
+    /// place from rows of `3 · heads · d` (Wqkv's output), the window covering the text.
+    pub struct Attention {
+        qkv: Vec<f32>,
+        positions: Vec<u32>,
+        heads: usize,
+        d: usize,
+        scratch: crate::attention::AttentionScratch,
+        out: Vec<f32>,
+    }
+
+    impl Attention {
+        /// Deterministic pseudo-random q, k and v for a text of `len` tokens.
+        pub fn new(len: usize, heads: usize, d: usize) -> Self {
+            let value =
+                |i: usize| ((i.wrapping_mul(2_654_435_761) >> 7) % 4001) as f32 / 1000.0 - 2.0;
+            Self {
+                qkv: (0..len * 3 * heads * d).map(value).collect(),
+                positions: (0..len as u32).collect(),
+                heads,
+                d,
+                scratch: Default::default(),
+                out: vec![0.0; len * heads * d],
+            }
+        }
+
+        /// Every head once; returns a checksum.
+        pub fn run(&mut self) -> f32 {
+            let (heads, d) = (self.heads, self.d);
+            let h = heads * d;
+            let scale = 1.0 / (d as f32).sqrt();
+            for head in 0..heads {
+                let view = crate::attention::Head {
+                    q: &self.qkv[head * d..],
+                    k: &self.qkv[h + head * d..],
+                    v: &self.qkv[2 * h + head * d..],
+                    stride: 3 * h,
+                    d,
+                };
+                let out = &mut self.out[head * d..];
+                crate::attention::attend_head(
+                    &view,
+                    &self.positions,
+                    usize::MAX / 2,
+                    scale,
+                    &mut self.scratch,
+                    out,
+                    h,
+                );
+            }
+            self.out.iter().step_by(61).sum()
+        }
+    }
+
+    /// Quantizes `x` (rows of `k`) as the int8 linears stage their inputs, into `out`;
+    /// returns a checksum.
+    pub fn quantize_rows(x: &[f32], k: usize, out: &mut [i8]) -> i32 {
+        x.chunks_exact(k)
+            .zip(out.chunks_exact_mut(k))
+            .map(|(x, o)| crate::linear::quantize_row(x, o).1)
+            .sum()
+    }
+
     /// `C = A · Wᵀ` (`a`: `m × k`, `w`: `n × k`, row-major; C `m × n`) on `kernel`, for tests
     /// that check a kernel against a sum computed elsewhere (ruri-wasm's node test). `None`
     /// when the kernel does not run here or a length does not match its shape.

@@ -109,11 +109,15 @@ multiversion! {
 }
 
 multiversion! {
-    /// The softmax of one query's scores `s[own_lo..own_hi]` (its keys) after scaling by
-    /// `scale`: max, `exp(x − max)` ([`crate::math::exp`]), the total in
-    /// [`crate::math::sum`]'s lanes, then each divided by it. The rest of `s` is set to
-    /// zero, so that a block of queries can sum over the union of their keys.
-    fn softmax_row / softmax_row_body(s: &mut [f32], own_lo: usize, own_hi: usize, scale: f32)
+    /// The softmax of each of a block's rows (`s` is `own.len()` rows of `width`): of row
+    /// `r`'s scores `row[own[r].0..own[r].1]` (its query's keys) after scaling by `scale`:
+    /// max, `exp(x − max)` ([`crate::math::exp`]), the total in [`crate::math::sum`]'s
+    /// lanes, then each divided by it. The rest of the row is set to zero, so that the block
+    /// can sum over the union of its queries' keys. Rows whose keys start the row (every row
+    /// of a text within the window) go through each step together, with the same bits as
+    /// one at a time: one row's steps are a chain (max, exp, total, division), and rows one
+    /// after another left most of each chain's latency exposed.
+    fn softmax_rows / softmax_rows_body(s: &mut [f32], width: usize, own: &[(usize, usize)], scale: f32)
 }
 
 multiversion! {
@@ -252,6 +256,48 @@ fn softmax_row_body(s: &mut [f32], own_lo: usize, own_hi: usize, scale: f32) {
     }
 }
 
+/// Rows softmaxed step by step together in [`softmax_rows_body`].
+const SOFTMAX_GROUP: usize = 16;
+
+#[inline(always)]
+fn softmax_rows_body(s: &mut [f32], width: usize, own: &[(usize, usize)], scale: f32) {
+    assert!(s.len() >= own.len() * width);
+    let mut first = 0;
+    for group in own.chunks(SOFTMAX_GROUP) {
+        let rows = &mut s[first * width..(first + group.len()) * width];
+        first += group.len();
+        if group
+            .iter()
+            .any(|&(lo, hi)| lo != 0 || hi == 0 || hi.div_ceil(VEC) * VEC > width)
+        {
+            for (row, &(lo, hi)) in rows.chunks_exact_mut(width).zip(group) {
+                softmax_row_body(row, lo, hi, scale);
+            }
+            continue;
+        }
+        // The steps of `softmax_row_from_zero`, each over every row of the group before the
+        // next: the same operations on each value, the same order in each total.
+        let mut max = [f32::NEG_INFINITY; SOFTMAX_GROUP];
+        for ((row, &(_, hi)), m) in rows.chunks_exact_mut(width).zip(group).zip(&mut max) {
+            let (row, rest) = row.split_at_mut(hi.div_ceil(VEC) * VEC);
+            rest.fill(0.0);
+            *m = scaled_max(row, hi, scale);
+        }
+        for ((row, &(_, hi)), &m) in rows.chunks_exact_mut(width).zip(group).zip(&max) {
+            exp_from_zero(&mut row[..hi.div_ceil(VEC) * VEC], hi, m);
+        }
+        let mut total = [0.0f32; SOFTMAX_GROUP];
+        for ((row, &(_, hi)), t) in rows.chunks_exact(width).zip(group).zip(&mut total) {
+            *t = crate::math::sum(&row[..hi.div_ceil(VEC) * VEC]);
+        }
+        for ((row, &(_, hi)), &t) in rows.chunks_exact_mut(width).zip(group).zip(&total) {
+            for v in &mut row[..hi.div_ceil(VEC) * VEC] {
+                *v /= t;
+            }
+        }
+    }
+}
+
 /// [`softmax_row_body`] where the query's keys start the row (`own_lo` = 0: every query of
 /// a text within the window, as the workload's are), over whole blocks of [`VEC`] (`s` is
 /// the row up to `own_hi` rounded up to a block): the lanes past `own_hi` are computed and
@@ -261,12 +307,23 @@ fn softmax_row_body(s: &mut [f32], own_lo: usize, own_hi: usize, scale: f32) {
 /// (exps are positive, so no `−0.0` turns into `+0.0`).
 #[inline(always)]
 fn softmax_row_from_zero(s: &mut [f32], own_hi: usize, scale: f32) {
+    let max = scaled_max(s, own_hi, scale);
+    exp_from_zero(s, own_hi, max);
+    let total = crate::math::sum(s);
+    for v in s.iter_mut() {
+        *v /= total;
+    }
+}
+
+/// Scales `s` (whole blocks of [`VEC`], `own_hi` of them the query's keys) by `scale`, and
+/// returns the max of the query's keys.
+#[inline(always)]
+fn scaled_max(s: &mut [f32], own_hi: usize, scale: f32) -> f32 {
     // Whole blocks of the query's keys, then the block it ends in (if any), whose lanes
-    // past `own_hi` are left out of the max and set to zero.
+    // past `own_hi` are left out of the max.
     let full = own_hi / VEC * VEC;
     let rest = own_hi - full;
     let (body, last) = s.split_at_mut(full);
-    let mut last: Option<&mut [f32; VEC]> = last.try_into().ok();
     let mut lanes = [f32::NEG_INFINITY; VEC];
     for c in body.chunks_exact_mut(VEC) {
         let c: &mut [f32; VEC] = c.try_into().expect("a block");
@@ -275,27 +332,42 @@ fn softmax_row_from_zero(s: &mut [f32], own_hi: usize, scale: f32) {
             *m = m.max(*v);
         }
     }
-    if let Some(c) = &mut last {
+    if let Ok(c) = <&mut [f32; VEC]>::try_from(last) {
         for (i, (m, v)) in lanes.iter_mut().zip(c.iter_mut()).enumerate() {
             *v *= scale;
             *m = m.max(if i < rest { *v } else { f32::NEG_INFINITY });
         }
     }
-    let max = lanes.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
+    // Halves folded onto halves: a max is exact, so this is the lanes' max in any order
+    // (and a lane of only NaNs yields to the others, as in a fold), in 4 steps instead of a
+    // chain of 16.
+    let mut width = VEC;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            lanes[i] = lanes[i].max(lanes[i + width]);
+        }
+    }
+    lanes[0].max(f32::NEG_INFINITY)
+}
+
+/// `s[j] = exp(s[j] − max)` for the query's keys (`j < own_hi`), 0 for the lanes past them
+/// in the last block of [`VEC`].
+#[inline(always)]
+fn exp_from_zero(s: &mut [f32], own_hi: usize, max: f32) {
+    let full = own_hi / VEC * VEC;
+    let rest = own_hi - full;
+    let (body, last) = s.split_at_mut(full);
     // A plain loop over the whole blocks: the compiler interleaves several vectors of exp
     // (a long dependent chain), which fixed-size blocks one at a time did not get.
     for v in body.iter_mut() {
         *v = crate::math::exp(*v - max);
     }
-    if let Some(c) = &mut last {
+    if let Ok(c) = <&mut [f32; VEC]>::try_from(last) {
         for (i, v) in c.iter_mut().enumerate() {
             let e = crate::math::exp(*v - max);
             *v = if i < rest { e } else { 0.0 };
         }
-    }
-    let total = crate::math::sum(s);
-    for v in s.iter_mut() {
-        *v /= total;
     }
 }
 
@@ -367,17 +439,22 @@ fn quantize_row_body(x: &[f32], out: &mut [i8]) -> (f32, i32) {
         return (max, 0);
     }
     let inv = 127.0 / max;
-    let mut sum = 0i32;
+    // Σ of the bit patterns below, wrapping: each is ROUND_MAGIC's plus the integer.
+    let mut bits = 0u32;
     for (o, &v) in out.iter_mut().zip(x) {
         // Clamped to ±127 (|v · inv| ≤ 127 up to rounding), then rounded to the nearest
-        // integer, ties to even, by the 1.5 · 2²³ addition, whose low mantissa byte then
-        // is the integer in two's complement: no saturating float-to-int conversion.
+        // integer, ties to even, by the 1.5 · 2²³ addition: t = 1.5 · 2²³ + q exactly, in
+        // the binade of 2²³ whose ulp is 1, so t's bits are ROUND_MAGIC's plus q, and their
+        // low byte (ROUND_MAGIC's is 0) is q in two's complement: no saturating float-to-int
+        // conversion, and q's sum is the bits' sum less ROUND_MAGIC's times the count.
         let t = (v * inv).clamp(-127.0, 127.0) + crate::math::ROUND_MAGIC;
-        let q = t.to_bits() as u8 as i8;
-        *o = q;
-        sum += i32::from(q);
+        *o = t.to_bits() as u8 as i8;
+        bits = bits.wrapping_add(t.to_bits());
     }
-    (max, sum)
+    let magic = crate::math::ROUND_MAGIC
+        .to_bits()
+        .wrapping_mul(out.len().min(x.len()) as u32);
+    (max, bits.wrapping_sub(magic) as i32)
 }
 
 #[inline(always)]
@@ -801,9 +878,10 @@ mod tests {
             };
             let mut p = a.iter().map(|x| x * 30.0).collect::<Vec<_>>();
             let mut p_body = p.clone();
+            let owns: Vec<_> = (0..rows).map(own).collect();
+            softmax_rows(&mut p, width, &owns, 0.125);
             for r in 0..rows {
                 let (own_lo, own_hi) = own(r);
-                softmax_row(&mut p[r * width..(r + 1) * width], own_lo, own_hi, 0.125);
                 softmax_row_body(&mut p_body[r * width..(r + 1) * width], own_lo, own_hi, 0.125);
                 let row = &p[r * width..(r + 1) * width];
                 prop_assert!(row[..own_lo].iter().chain(&row[own_hi..]).all(|&x| x == 0.0));
@@ -988,8 +1066,36 @@ mod tests {
             let mut want = row.clone();
             softmax_one_at_a_time(&mut want, own_lo, own_hi, 0.125);
             let (mut a, mut b) = (row.clone(), row);
-            softmax_row(&mut a, own_lo, own_hi, 0.125);
+            softmax_rows(&mut a, width, &[(own_lo, own_hi)], 0.125);
             softmax_row_body(&mut b, own_lo, own_hi, 0.125);
+            prop_assert_eq!(bits(&a), bits(&want));
+            prop_assert_eq!(bits(&b), bits(&want));
+        }
+
+        /// A block's rows softmaxed together (keys from each row's start, ends of their own,
+        /// more rows than one group) give each row's bits alone, as do blocks with one row
+        /// whose keys start later (the rows one at a time), in both versions.
+        #[test]
+        fn softmax_rows_give_each_rows_bits(
+            (blocks, rows, seed, late) in (1usize..4, 1usize..40, any::<u32>(), any::<bool>())
+        ) {
+            let width = blocks * VEC;
+            let own: Vec<(usize, usize)> = (0..rows)
+                .map(|r| {
+                    let hi = 1 + (r.wrapping_mul(2_654_435_761) ^ seed as usize) % width;
+                    (if late && r == rows / 2 { hi - 1 } else { 0 }, hi)
+                })
+                .collect();
+            let value = |i: usize| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 / u32::MAX as f32 * 40.0 - 20.0;
+            let block: Vec<f32> = (0..rows * width).map(value).collect();
+            let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let mut want = block.clone();
+            for (row, &(lo, hi)) in want.chunks_exact_mut(width).zip(&own) {
+                softmax_one_at_a_time(row, lo, hi, 0.125);
+            }
+            let (mut a, mut b) = (block.clone(), block);
+            softmax_rows(&mut a, width, &own, 0.125);
+            softmax_rows_body(&mut b, width, &own, 0.125);
             prop_assert_eq!(bits(&a), bits(&want));
             prop_assert_eq!(bits(&b), bits(&want));
         }
