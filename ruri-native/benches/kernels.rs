@@ -74,9 +74,10 @@ fn kernels(c: &mut Criterion) {
     });
     group.finish();
     // Attention of one text, all 4 heads of the 30m shape (d = 64): the workload's median
-    // document (23 tokens), a query-sized one, and one at the key group's edge.
+    // document (23 tokens), a query-sized one, one at the key group's edge, and a long
+    // one (the global layers' quadratic work).
     let mut group = c.benchmark_group("attention");
-    for len in [12, 23, 48] {
+    for len in [12, 23, 48, 2048] {
         let mut attention = Attention::new(len, 4, 64);
         group.throughput(Throughput::Elements(len as u64));
         group.bench_function(format!("text_{len}"), |b| {
