@@ -63,17 +63,7 @@ pub(crate) fn attend_head(
         scratch.kt.resize(kt_len, 0.0);
     }
     let kt = &mut scratch.kt[..kt_len];
-    for j in 0..len {
-        let key = &head.k[j * stride..j * stride + d];
-        let (g, jj) = (j / KEY_GRAIN, j % KEY_GRAIN);
-        for (c, &x) in key.iter().enumerate() {
-            kt[(g * d + c) * KEY_GRAIN + jj] = x;
-        }
-    }
-    let real = len - (groups - 1) * KEY_GRAIN;
-    for lanes in kt[(groups - 1) * d * KEY_GRAIN..].chunks_exact_mut(KEY_GRAIN) {
-        lanes[real..].fill(0.0);
-    }
+    simd_f32::transpose_keys(head.k, stride, len, d, kt);
     let kt = &*kt;
     // Values are read again by every block of queries, so they are copied into rows of their
     // own first, unless they are already (read in place, rows 3·h apart, a 2,308-token text

@@ -77,6 +77,42 @@ multiversion! {
     fn scores_portable / scores_body(q: &[f32], q_stride: usize, rows: usize, d: usize, kt: &[f32], g_lo: usize, groups: usize, out: &mut [f32])
 }
 
+/// Keys transposed group by group, as [`scores`] reads them: `kt[g][c][i] = k[16·g + i][c]`
+/// for the `len` rows of `k` (row `j` is `d` values at `j · stride`), 0 in the lanes past
+/// the last key; `kt` holds `⌈len / 16⌉ · d · 16` values. On AVX-512 with `d` a multiple of
+/// 16, register transposes of `x86_f32` (the same values: nothing is computed).
+pub(crate) fn transpose_keys(k: &[f32], stride: usize, len: usize, d: usize, kt: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if d.is_multiple_of(VEC) && super::x86_f32::available() {
+        return super::x86_f32::transpose_keys(k, stride, len, d, kt);
+    }
+    transpose_keys_portable(k, stride, len, d, kt)
+}
+
+/// [`transpose_keys`] a value at a time.
+pub(crate) fn transpose_keys_portable(
+    k: &[f32],
+    stride: usize,
+    len: usize,
+    d: usize,
+    kt: &mut [f32],
+) {
+    assert!(holds_rows(k.len(), len, stride, d));
+    let groups = len.div_ceil(VEC);
+    let kt = &mut kt[..groups * d * VEC];
+    for j in 0..len {
+        let key = &k[j * stride..j * stride + d];
+        let (g, jj) = (j / VEC, j % VEC);
+        for (c, &x) in key.iter().enumerate() {
+            kt[(g * d + c) * VEC + jj] = x;
+        }
+    }
+    let real = len - groups.saturating_sub(1) * VEC;
+    for lanes in kt[groups.saturating_sub(1) * d * VEC..].chunks_exact_mut(VEC) {
+        lanes[real..].fill(0.0);
+    }
+}
+
 /// `out[r][c] += Σ_j p[r][j] · v[j][c]` for `j < keys` in order, for `rows` rows; `p` is
 /// `rows × width` (`keys ≤ width`), `v` holds `keys` rows of `d` at a stride of `v_stride`,
 /// `out` `rows` rows of `d` at a stride of `out_stride` (in place: a head's columns of Wqkv's
@@ -1035,7 +1071,36 @@ mod tests {
         }
     }
 
-    /// The softmax one value at a time, as written before the whole-block path: scale, the
+    proptest! {
+        /// The register transposes give the value-at-a-time transpose, padding lanes zero
+        /// (the buffer starts full of NaNs), on every length around a group, at strides
+        /// wider than a row.
+        #[test]
+        fn transposed_keys_are_the_keys(len in 1usize..70, blocks in 1usize..5, pad in 0usize..40, seed in any::<u32>()) {
+            let d = blocks * VEC;
+            let stride = d + pad;
+            let k: Vec<f32> = (0..len * stride)
+                .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 / u32::MAX as f32 - 0.5)
+                .collect();
+            let size = len.div_ceil(VEC) * d * VEC;
+            let (mut a, mut b) = (vec![f32::NAN; size], vec![f32::NAN; size]);
+            transpose_keys(&k, stride, len, d, &mut a);
+            transpose_keys_portable(&k, stride, len, d, &mut b);
+            for (g, group) in b.chunks_exact(d * VEC).enumerate() {
+                for (c, lanes) in group.chunks_exact(VEC).enumerate() {
+                    for (i, &x) in lanes.iter().enumerate() {
+                        let j = g * VEC + i;
+                        let want = if j < len { k[j * stride + c] } else { 0.0 };
+                        prop_assert_eq!(x.to_bits(), want.to_bits());
+                    }
+                }
+            }
+            let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            prop_assert_eq!(bits(&a), bits(&b));
+        }
+    }
+
+    /// The softmax one value at a time, as written before the whole-block path: scale, the    /// The softmax one value at a time, as written before the whole-block path: scale, the
     /// max of the query's keys, exp(x − max), `math::sum` over exactly those keys, divide.
     fn softmax_one_at_a_time(s: &mut [f32], own_lo: usize, own_hi: usize, scale: f32) {
         let own = &mut s[own_lo..own_hi];

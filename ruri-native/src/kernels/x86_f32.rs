@@ -141,6 +141,80 @@ unsafe fn scores_tile<const R: usize, const N: usize>(
     }
 }
 
+/// Keys transposed group by group: `kt[g][c][i] = k[16·g + i][c]` for the `len` rows of
+/// `k` (row `j` at `j · stride`, `d` values, `d` a multiple of 16), 0 in the lanes past the
+/// last key; `kt` holds `⌈len / 16⌉ · d · 16` values. Blocks of 16 keys × 16 channels are
+/// transposed in registers: a store a channel, instead of a store a value.
+pub(crate) fn transpose_keys(k: &[f32], stride: usize, len: usize, d: usize, kt: &mut [f32]) {
+    assert!(available(), "AVX-512 tiles on a CPU without AVX-512F");
+    assert!(d.is_multiple_of(LANES) && holds_rows(k.len(), len, stride, d));
+    assert!(kt.len() >= len.div_ceil(LANES) * d * LANES);
+    // SAFETY: the CPU runs AVX-512F (checked above). Group g reads rows 16·g.. of `k` below
+    // `len` (16 channels from c0 < d each: inside `holds_rows`) and writes channels
+    // c0..c0 + 16 of group g of `kt`, 16 values each (inside the checked length).
+    unsafe { transpose_keys_impl(k, stride, len, d, kt) }
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose_keys_impl(k: &[f32], stride: usize, len: usize, d: usize, kt: &mut [f32]) {
+    let (k, kt) = (k.as_ptr(), kt.as_mut_ptr());
+    for g in 0..len.div_ceil(LANES) {
+        let keys = (len - g * LANES).min(LANES);
+        for c0 in (0..d).step_by(LANES) {
+            let mut rows = [_mm512_setzero_ps(); LANES];
+            for (i, row) in rows.iter_mut().enumerate().take(keys) {
+                // SAFETY: key 16·g + i < len, channels c0..c0 + 16 ≤ d (see `transpose_keys`).
+                *row = unsafe { _mm512_loadu_ps(k.add((g * LANES + i) * stride + c0)) };
+            }
+            for (c, column) in transpose16(rows).into_iter().enumerate() {
+                // SAFETY: channel c0 + c < d of group g (see `transpose_keys`).
+                unsafe { _mm512_storeu_ps(kt.add((g * d + c0 + c) * LANES), column) };
+            }
+        }
+    }
+}
+
+/// The 16 × 16 transpose: `out[c]` lane `i` is `rows[i]` lane `c`. Pairs of rows
+/// interleaved by 32 bits, then by 64, then 128-bit lanes gathered twice.
+#[target_feature(enable = "avx512f")]
+fn transpose16(rows: [__m512; LANES]) -> [__m512; LANES] {
+    // t[2p] holds, in each 128-bit lane L, rows 2p and 2p + 1 at columns 4L and 4L + 1
+    // (interleaved); t[2p + 1] the same at 4L + 2 and 4L + 3.
+    let mut t = [_mm512_setzero_ps(); LANES];
+    for p in 0..LANES / 2 {
+        t[2 * p] = _mm512_unpacklo_ps(rows[2 * p], rows[2 * p + 1]);
+        t[2 * p + 1] = _mm512_unpackhi_ps(rows[2 * p], rows[2 * p + 1]);
+    }
+    // u[4q + m] holds, in lane L, rows 4q..4q + 4 at column 4L + m.
+    let mut u = [_mm512_setzero_ps(); LANES];
+    for q in 0..LANES / 4 {
+        let pd = |x: __m512| _mm512_castps_pd(x);
+        let (a, b, c, e) = (
+            pd(t[4 * q]),
+            pd(t[4 * q + 1]),
+            pd(t[4 * q + 2]),
+            pd(t[4 * q + 3]),
+        );
+        u[4 * q] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        u[4 * q + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        u[4 * q + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, e));
+        u[4 * q + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, e));
+    }
+    // Column 4L + m is lane L of u[m], u[4 + m], u[8 + m], u[12 + m], in that order.
+    let mut out = [_mm512_setzero_ps(); LANES];
+    for m in 0..4 {
+        let even = _mm512_shuffle_f32x4::<0x88>(u[m], u[4 + m]);
+        let odd = _mm512_shuffle_f32x4::<0xdd>(u[m], u[4 + m]);
+        let even2 = _mm512_shuffle_f32x4::<0x88>(u[8 + m], u[12 + m]);
+        let odd2 = _mm512_shuffle_f32x4::<0xdd>(u[8 + m], u[12 + m]);
+        out[m] = _mm512_shuffle_f32x4::<0x88>(even, even2);
+        out[8 + m] = _mm512_shuffle_f32x4::<0xdd>(even, even2);
+        out[4 + m] = _mm512_shuffle_f32x4::<0x88>(odd, odd2);
+        out[12 + m] = _mm512_shuffle_f32x4::<0xdd>(odd, odd2);
+    }
+    out
+}
+
 /// `out[r][c] += Σ_j p[r][j] · v[j][c]` for `j < keys` in order; `p` is `rows × width`
 /// (`keys ≤ width`), `v` holds `keys` rows of `d` at a stride of `v_stride` (`d` a multiple
 /// of 16), `out` `rows` rows of `d` at a stride of `out_stride`.
