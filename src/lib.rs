@@ -23,8 +23,9 @@
 //! `build(source)` for a folder or a Hub id), refusing a combination no backend runs with one
 //! typed error; [`from_pretrained`] is the one-call form with the best backend compiled in.
 //! The command lines and the Python package load through it. The default backend
-//! ([`BackendKind::best`]) is the native engine: 2–2.8× ONNX Runtime's int8 throughput, 0.9×
-//! its fp32 one (BENCHMARKS.md), and no shared library, so the default path downloads no ONNX
+//! ([`BackendKind::best`]) is the native engine: 1.7–2.9× the int8 throughput of ruri's ONNX
+//! Runtime graph (1.75× on a Zen 4, 2.9× with a Xeon's AMX) and 1.1× its fp32 throughput
+//! (Zen 4; BENCHMARKS.md), and no shared library, so the default path downloads no ONNX
 //! Runtime.
 //! ort stays for ONNX files (a model with ONNX files only is refused by the default backend
 //! with an error naming backend ort) and as the comparison.

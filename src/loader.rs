@@ -72,11 +72,11 @@ impl BackendKind {
     /// | `candle` alone | `Candle` |
     /// | none | `Native`, whose [`validate`] then names the feature to turn on |
     ///
-    /// The native engine is first because it runs int8 at 2–2.8× ONNX Runtime's throughput
-    /// (BENCHMARKS.md: the 30m shape, 5 alternated rounds), starts in a third of the time
-    /// with a third of the memory, and needs no shared library at run time; at fp32 it beat
-    /// ruri's fused ONNX Runtime graph once (1.13×) and is at 0.9× of it in the later quiet
-    /// runs (BENCHMARKS.md).
+    /// The native engine is first because it runs int8 at 1.7–2.9× the throughput of ruri's
+    /// fused ONNX Runtime graph (BENCHMARKS.md: the 30m shape, interleaved rounds; 1.75× on a
+    /// Zen 4, 2.9× with a Xeon's AMX), starts in a third of the time with a third of the
+    /// memory, and needs no shared library at run time; at fp32 it runs at 1.1× that graph's
+    /// throughput (Zen 4).
     /// ONNX Runtime is next: it runs `model.safetensors` at fp32 and int8 as well, and is
     /// the one backend for ONNX files (an ONNX-only folder needs `backend ort`, which the
     /// loader names rather than switching to it unasked). candle runs fp32, bf16 and fp16.
