@@ -562,19 +562,8 @@ impl<'a> Dequant<'a> {
     /// outlier channel `c` in order.
     #[inline(always)]
     fn block(&self, j: usize) -> [f32; VEC] {
-        let (acc, sa, sw, xo, ow, n) = (self.acc, self.sa, self.sw, self.xo, self.ow, self.n);
-        let a: &[i32; VEC] = acc[j..j + VEC].try_into().expect("a block");
-        let s: &[f32; VEC] = sw[j..j + VEC].try_into().expect("a block");
         let mut t = [0.0f32; VEC];
-        for i in 0..VEC {
-            t[i] = (a[i] as f32) * sa * s[i];
-        }
-        for (c, &x) in xo.iter().enumerate() {
-            let w: &[f32; VEC] = ow[c * n + j..c * n + j + VEC].try_into().expect("a block");
-            for i in 0..VEC {
-                t[i] += x * w[i];
-            }
-        }
+        self.blocks(j, &mut t);
         t
     }
 
