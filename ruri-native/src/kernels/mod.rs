@@ -420,9 +420,9 @@ impl PackedWeights {
         };
         // (The scalar kernel's columns are unpadded: its n_padded is n.)
         let n_padded = cols.len();
-        // Only the AMX kernel keeps anything there.
+        // Only the AMX kernel keeps anything there, and only it reads the bias.
         #[cfg(not(target_arch = "x86_64"))]
-        let _ = scratch;
+        let _ = (scratch, bias);
         assert_eq!(
             a.k_padded, self.k_padded,
             "activation and weight widths differ"
