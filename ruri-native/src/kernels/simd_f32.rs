@@ -302,9 +302,11 @@ fn softmax_rows_body(s: &mut [f32], width: usize, own: &[(usize, usize)], scale:
     for group in own.chunks(SOFTMAX_GROUP) {
         let rows = &mut s[first * width..(first + group.len()) * width];
         first += group.len();
+        // A row's keys rounded up to whole blocks of VEC (`softmax_row_from_zero`'s run).
+        let padded = |hi: usize| hi.div_ceil(VEC) * VEC;
         if group
             .iter()
-            .any(|&(lo, hi)| lo != 0 || hi == 0 || hi.div_ceil(VEC) * VEC > width)
+            .any(|&(lo, hi)| lo != 0 || hi == 0 || padded(hi) > width)
         {
             for (row, &(lo, hi)) in rows.chunks_exact_mut(width).zip(group) {
                 softmax_row_body(row, lo, hi, scale);
@@ -315,19 +317,19 @@ fn softmax_rows_body(s: &mut [f32], width: usize, own: &[(usize, usize)], scale:
         // next: the same operations on each value, the same order in each total.
         let mut max = [f32::NEG_INFINITY; SOFTMAX_GROUP];
         for ((row, &(_, hi)), m) in rows.chunks_exact_mut(width).zip(group).zip(&mut max) {
-            let (row, rest) = row.split_at_mut(hi.div_ceil(VEC) * VEC);
+            let (row, rest) = row.split_at_mut(padded(hi));
             rest.fill(0.0);
             *m = scaled_max(row, hi, scale);
         }
         for ((row, &(_, hi)), &m) in rows.chunks_exact_mut(width).zip(group).zip(&max) {
-            exp_from_zero(&mut row[..hi.div_ceil(VEC) * VEC], hi, m);
+            exp_from_zero(&mut row[..padded(hi)], hi, m);
         }
         let mut total = [0.0f32; SOFTMAX_GROUP];
         for ((row, &(_, hi)), t) in rows.chunks_exact(width).zip(group).zip(&mut total) {
-            *t = crate::math::sum(&row[..hi.div_ceil(VEC) * VEC]);
+            *t = crate::math::sum(&row[..padded(hi)]);
         }
         for ((row, &(_, hi)), &t) in rows.chunks_exact_mut(width).zip(group).zip(&total) {
-            for v in &mut row[..hi.div_ceil(VEC) * VEC] {
+            for v in &mut row[..padded(hi)] {
                 *v /= t;
             }
         }
@@ -1143,7 +1145,7 @@ mod tests {
         }
     }
 
-    /// The softmax one value at a time, as written before the whole-block path: scale, the    /// The softmax one value at a time, as written before the whole-block path: scale, the
+    /// The softmax one value at a time, as written before the whole-block path: scale, the
     /// max of the query's keys, exp(x − max), `math::sum` over exactly those keys, divide.
     fn softmax_one_at_a_time(s: &mut [f32], own_lo: usize, own_hi: usize, scale: f32) {
         let own = &mut s[own_lo..own_hi];
