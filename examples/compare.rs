@@ -2,7 +2,8 @@
 //!
 //! For each system (backend × precision) it starts **a fresh process** of itself, which loads
 //! the model, embeds one query (cold start: exec → first vector, timed from the parent's
-//! clock), then measures document throughput over the workload and single-query latency, and
+//! clock), then measures document throughput over the workload and single-query latency (with
+//! `--cold-queries MB`, also with the CPU caches evicted before each query), and
 //! reports its peak RSS. One JSON object per system goes to stdout, with the same keys as
 //! `tools/bench/python_peers.py`, so `tools/bench/table.py` can put all in one table.
 //!
@@ -68,6 +69,12 @@ struct Args {
     /// text alone and inside the default batches, and the cosine between the two.
     #[arg(long)]
     agreement: Option<usize>,
+    /// Also time each query with cold caches: before it, read a buffer of this many MB (not
+    /// timed; 256 is several times the L3 of the machines measured), as a service sees after
+    /// other work ran. Adds
+    /// p50_cold_ms and p99_cold_ms; the peak RSS is taken before the buffer exists.
+    #[arg(long)]
+    cold_queries: Option<usize>,
     #[arg(long, hide = true)]
     child_started_at: Option<f64>,
 }
@@ -297,6 +304,11 @@ fn child(args: &Args, system: &str, started_at: f64) -> Result<serde_json::Value
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
     latencies.sort();
+    let peak_rss = peak_rss_mb();
+    let cold = args
+        .cold_queries
+        .map(|mb| cold_latencies(&*embedder, &queries, mb));
+    let cold = cold.transpose()?;
 
     Ok(serde_json::json!({
         "system": format!("ruri {system}"),
@@ -305,8 +317,11 @@ fn child(args: &Args, system: &str, started_at: f64) -> Result<serde_json::Value
         "p50_ms": percentile(&latencies, 0.5),
         "p99_ms": percentile(&latencies, 0.99),
         "cold_start_s": cold_start_s,
-        "peak_rss_mb": peak_rss_mb(),
+        "peak_rss_mb": peak_rss,
+        "p50_cold_ms": cold.as_ref().map(|c| percentile(c, 0.5)),
+        "p99_cold_ms": cold.as_ref().map(|c| percentile(c, 0.99)),
         "details": {
+            "cold_queries_mb": args.cold_queries,
             "documents": docs.len(),
             "document_tokens": tokens,
             "queries": queries.len(),
@@ -318,6 +333,36 @@ fn child(args: &Args, system: &str, started_at: f64) -> Result<serde_json::Value
             "model": model,
         }
     }))
+}
+
+/// `--cold-queries`: each query's latency after reading `mb` MB that evict the caches (the
+/// reading is not timed), sorted.
+fn cold_latencies(
+    embedder: &dyn Embedder,
+    queries: &[String],
+    mb: usize,
+) -> Result<Vec<Duration>, String> {
+    let mut buffer = vec![1u64; mb << 17];
+    // Written once so that its pages exist (a fresh allocation maps one zero page).
+    buffer
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, v)| *v = i as u64);
+    let mut sink = 0u64;
+    let mut latencies = Vec::with_capacity(queries.len());
+    for q in queries {
+        // One read a cache line.
+        sink = buffer
+            .iter()
+            .step_by(8)
+            .fold(sink, |s, &v| s.wrapping_add(v));
+        let t = Instant::now();
+        embedder.embed_query(q).map_err(|e| e.to_string())?;
+        latencies.push(t.elapsed());
+    }
+    std::hint::black_box(sink);
+    latencies.sort();
+    Ok(latencies)
 }
 
 /// `--long-text`: one long document, timed `--repeats` times (median), and the peak RSS.
@@ -470,6 +515,9 @@ fn main() -> ExitCode {
         }
         if let Some(n) = args.max_batch_size {
             cmd.arg("--max-batch-size").arg(n.to_string());
+        }
+        if let Some(mb) = args.cold_queries {
+            cmd.arg("--cold-queries").arg(mb.to_string());
         }
         // The clock is read last, right before exec.
         cmd.arg("--child-started-at")

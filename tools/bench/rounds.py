@@ -22,6 +22,8 @@ METRICS = [
     ("texts_per_s", "texts/s", 0, True),
     ("p50_ms", "p50 ms", 2, False),
     ("p99_ms", "p99 ms", 2, False),
+    ("p50_cold_ms", "p50 cold caches ms", 2, False),
+    ("p99_cold_ms", "p99 cold caches ms", 2, False),
     ("cold_start_s", "cold start s", 3, False),
     ("peak_rss_mb", "peak RSS MB", 0, False),
     ("seconds", "one long text s", 2, False),
