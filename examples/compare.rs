@@ -3,7 +3,8 @@
 //! For each system (backend × precision) it starts **a fresh process** of itself, which loads
 //! the model, embeds one query (cold start: exec → first vector, timed from the parent's
 //! clock), then measures document throughput over the workload and single-query latency (with
-//! `--cold-queries MB`, also with the CPU caches evicted before each query), and
+//! `--cold-queries MB`, also with the CPU caches evicted before each query, and with
+//! `--concurrent-queries N`, from N threads at once), and
 //! reports its peak RSS. One JSON object per system goes to stdout, with the same keys as
 //! `tools/bench/python_peers.py`, so `tools/bench/table.py` can put all in one table.
 //!
@@ -75,6 +76,11 @@ struct Args {
     /// p50_cold_ms and p99_cold_ms; the peak RSS is taken before the buffer exists.
     #[arg(long)]
     cold_queries: Option<usize>,
+    /// Also embed the queries from this many threads at once on the one embedder (each
+    /// thread all 200, from its own starting point, twice): adds concurrent_queries_per_s,
+    /// concurrent_p50_ms and concurrent_p99_ms (over every query of every thread).
+    #[arg(long)]
+    concurrent_queries: Option<usize>,
     #[arg(long, hide = true)]
     child_started_at: Option<f64>,
 }
@@ -309,6 +315,10 @@ fn child(args: &Args, system: &str, started_at: f64) -> Result<serde_json::Value
         .cold_queries
         .map(|mb| cold_latencies(&*embedder, &queries, mb));
     let cold = cold.transpose()?;
+    let concurrent = args
+        .concurrent_queries
+        .map(|threads| concurrent_latencies(&*embedder, &queries, threads))
+        .transpose()?;
 
     Ok(serde_json::json!({
         "system": format!("ruri {system}"),
@@ -320,8 +330,12 @@ fn child(args: &Args, system: &str, started_at: f64) -> Result<serde_json::Value
         "peak_rss_mb": peak_rss,
         "p50_cold_ms": cold.as_ref().map(|c| percentile(c, 0.5)),
         "p99_cold_ms": cold.as_ref().map(|c| percentile(c, 0.99)),
+        "concurrent_queries_per_s": concurrent.as_ref().map(|c| c.1),
+        "concurrent_p50_ms": concurrent.as_ref().map(|c| percentile(&c.0, 0.5)),
+        "concurrent_p99_ms": concurrent.as_ref().map(|c| percentile(&c.0, 0.99)),
         "details": {
             "cold_queries_mb": args.cold_queries,
+            "concurrent_threads": args.concurrent_queries,
             "documents": docs.len(),
             "document_tokens": tokens,
             "queries": queries.len(),
@@ -363,6 +377,50 @@ fn cold_latencies(
     std::hint::black_box(sink);
     latencies.sort();
     Ok(latencies)
+}
+
+/// `--concurrent-queries`: `threads` threads embed every query twice, each from its own
+/// starting point, at once; every latency (sorted) and the queries per second of the whole.
+fn concurrent_latencies(
+    embedder: &dyn Embedder,
+    queries: &[String],
+    threads: usize,
+) -> Result<(Vec<Duration>, f64), String> {
+    let start = Instant::now();
+    let per_thread: Vec<Result<Vec<Duration>, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || {
+                    let from = t * queries.len() / threads.max(1);
+                    (0..2 * queries.len())
+                        .map(|i| {
+                            let q = &queries[(from + i) % queries.len()];
+                            let started = Instant::now();
+                            embedder
+                                .embed_query(q)
+                                .map(|_| started.elapsed())
+                                .map_err(|e| e.to_string())
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a query thread panicked".into()))
+            })
+            .collect()
+    });
+    let wall = start.elapsed().as_secs_f64();
+    let mut all = Vec::new();
+    for latencies in per_thread {
+        all.extend(latencies?);
+    }
+    all.sort();
+    let per_s = all.len() as f64 / wall;
+    Ok((all, per_s))
 }
 
 /// `--long-text`: one long document, timed `--repeats` times (median), and the peak RSS.
@@ -518,6 +576,9 @@ fn main() -> ExitCode {
         }
         if let Some(mb) = args.cold_queries {
             cmd.arg("--cold-queries").arg(mb.to_string());
+        }
+        if let Some(threads) = args.concurrent_queries {
+            cmd.arg("--concurrent-queries").arg(threads.to_string());
         }
         // The clock is read last, right before exec.
         cmd.arg("--child-started-at")

@@ -9,11 +9,14 @@
 #   tools/bench/compare.sh [--rounds N] [--rust "fused_int8 ort_int8 …"]
 #                          [--peers "st_fp32 ruri_python_int8 …"]
 #                          [--long-text TOKENS] [--cold-queries MB]
+#                          [--concurrent-queries THREADS]
 #
 # --long-text: instead of the workload, one document of about TOKENS tokens per process
 # (time and peak RSS; the Python peers are skipped).
 # --cold-queries: ruri's systems also time each query after reading MB megabytes that evict
 # the CPU caches (p50/p99 cold; the Python peers do not measure it).
+# --concurrent-queries: ruri's systems also embed the queries from THREADS threads at once on
+# one embedder (queries/s, p50/p99; the Python peers do not measure it).
 #
 # Needs the 30m-shaped model and the workload (made here if missing, with the test-data venv:
 # tools/testdata/generate.sh 30m, tools/bench/make_workload.py). Measure on an idle machine.
@@ -29,6 +32,7 @@ peers="ort_py_int8_sorted st_fp32"
 if [[ -x target/venv-python/bin/python ]]; then peers+=" ruri_python_int8"; fi
 long_text=""
 cold_queries=""
+concurrent_queries=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --rounds) rounds="$2"; shift 2 ;;
@@ -36,6 +40,7 @@ while [[ $# -gt 0 ]]; do
     --peers) peers="$2"; shift 2 ;;
     --long-text) long_text="$2"; peers=""; shift 2 ;;
     --cold-queries) cold_queries="$2"; shift 2 ;;
+    --concurrent-queries) concurrent_queries="$2"; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -66,6 +71,7 @@ for ((r = 0; r < rounds; r++)); do
       extra=()
       [[ -n "$long_text" ]] && extra=(--long-text "$long_text")
       [[ -n "$cold_queries" ]] && extra+=(--cold-queries "$cold_queries")
+      [[ -n "$concurrent_queries" ]] && extra+=(--concurrent-queries "$concurrent_queries")
       ./target/release/examples/compare --repeats 1 --systems "$system" "${extra[@]}"
     else
       "$py" tools/bench/python_peers.py --repeats 1 --systems "$system" --out /dev/null
