@@ -7,7 +7,10 @@
 //! The helper spins for [`SPIN`] after each job (the next product of the same text follows
 //! within microseconds), then parks until a job is posted: it burns no idle core between
 //! texts. A job is never waited for: if the helper is parked or slow to wake, the caller
-//! claims every piece itself.
+//! claims every piece itself. While more than one call runs (the count its owner keeps, see
+//! [`Helper::start`]), and for [`HOLD`] after, a job runs on its caller alone, and the helper
+//! parks at once instead of spinning: two callers already fill two cores, and a third thread
+//! only takes time from them (BENCHMARKS.md, eleventh step).
 //!
 //! Which thread computes a piece changes no bit: each piece is computed whole by one kernel
 //! (int8) or one version of the fp32 GEMM.
@@ -24,6 +27,10 @@ use std::time::{Duration, Instant};
 
 /// How long the helper spins for the next job before it parks.
 const SPIN: Duration = Duration::from_micros(200);
+/// After another call was seen running, jobs stay on their callers for this long: two
+/// callers that each start their next text at once leave each other alone only for
+/// moments, and a helper woken in those moments takes a core from the other call.
+const HOLD: Duration = Duration::from_millis(2);
 
 /// A helper thread; dropping it stops and joins the thread.
 pub(crate) struct Helper {
@@ -71,6 +78,11 @@ struct Shared {
     parked: Mutex<bool>,
     wake: Condvar,
     stop: AtomicBool,
+    /// Calls running on the helper's owner; more than one: no sharing, no spinning.
+    calls: Arc<AtomicUsize>,
+    /// When more than one call was last seen, in nanoseconds from `epoch`.
+    contended_at: AtomicU64,
+    epoch: Instant,
 }
 
 /// Claims pieces of `job` until none is left.
@@ -90,6 +102,22 @@ unsafe fn claim(job: Job, worker: usize) {
 }
 
 impl Shared {
+    /// More than one call runs on the helper's owner.
+    fn contended(&self) -> bool {
+        self.calls.load(Ordering::Relaxed) > 1
+    }
+
+    /// More than one call runs now, or did within [`HOLD`].
+    fn recently_contended(&self) -> bool {
+        let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        if self.contended() {
+            self.contended_at.store(now, Ordering::Relaxed);
+            return true;
+        }
+        let at = self.contended_at.load(Ordering::Relaxed);
+        at != 0 && now.saturating_sub(at) < HOLD.as_nanos() as u64
+    }
+
     fn serve(&self) {
         let mut seen = self.posted.load(Ordering::Acquire);
         loop {
@@ -106,7 +134,7 @@ impl Shared {
                     break;
                 }
                 spins = spins.wrapping_add(1);
-                if spins.is_multiple_of(64) && start.elapsed() > SPIN {
+                if spins.is_multiple_of(64) && (self.contended() || start.elapsed() > SPIN) {
                     let mut parked = self.parked.lock().unwrap_or_else(PoisonError::into_inner);
                     *parked = true;
                     // A caller bumps `posted` before it takes this lock to wake us: either
@@ -178,8 +206,10 @@ impl Drop for Retract<'_> {
 }
 
 impl Helper {
-    /// Starts the helper thread.
-    pub(crate) fn start() -> std::io::Result<Self> {
+    /// Starts the helper thread. `calls` counts the calls running on its owner (each
+    /// [`Helper::run`] comes from one of them): while it is above one, jobs run on their
+    /// callers alone and the helper does not spin.
+    pub(crate) fn start(calls: Arc<AtomicUsize>) -> std::io::Result<Self> {
         let shared = Arc::new(Shared {
             slot: Mutex::new(None),
             posted: AtomicU64::new(0),
@@ -189,6 +219,9 @@ impl Helper {
             parked: Mutex::new(false),
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
+            calls,
+            contended_at: AtomicU64::new(0),
+            epoch: Instant::now(),
         });
         let serving = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -204,10 +237,11 @@ impl Helper {
     /// Runs `work(piece, worker)` once for every piece in `0..pieces`, on the caller's
     /// thread (worker 0) and on the helper's (worker 1), and returns when all are done. While
     /// another caller runs a job (or from inside a piece), the caller runs every piece
-    /// itself. A panic in a piece on the helper panics here.
+    /// itself, as while other calls run on the helper's owner (see [`Helper::start`]). A
+    /// panic in a piece on the helper panics here.
     pub(crate) fn run(&self, pieces: usize, work: &Work<'_>) {
         let shared = &*self.shared;
-        if pieces < 2 || shared.busy.swap(true, Ordering::Acquire) {
+        if pieces < 2 || shared.recently_contended() || shared.busy.swap(true, Ordering::Acquire) {
             (0..pieces).for_each(|piece| work(piece, 0));
             return;
         }
@@ -320,7 +354,7 @@ mod tests {
 
     #[test]
     fn every_piece_runs_once_whether_the_helper_spins_or_is_parked() {
-        let helper = Helper::start().expect("a thread");
+        let helper = Helper::start(Default::default()).expect("a thread");
         for round in 0..400 {
             let pieces = round % 37;
             let counts: Vec<AtomicUsize> = (0..pieces).map(|_| AtomicUsize::new(0)).collect();
@@ -341,7 +375,7 @@ mod tests {
 
     #[test]
     fn the_helper_takes_pieces_when_the_caller_is_slow() {
-        let helper = Helper::start().expect("a thread");
+        let helper = Helper::start(Default::default()).expect("a thread");
         let by_helper = AtomicUsize::new(0);
         for _ in 0..20 {
             helper.run(8, &|_, worker| {
@@ -356,8 +390,39 @@ mod tests {
     }
 
     #[test]
+    fn while_other_calls_run_the_caller_runs_every_piece() {
+        let calls = Arc::new(AtomicUsize::new(2));
+        let helper = Helper::start(Arc::clone(&calls)).expect("a thread");
+        let slow_job = |by_helper: &AtomicUsize| {
+            helper.run(8, &|_, worker| {
+                by_helper.fetch_add(worker, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(1));
+            });
+        };
+        let by_helper = AtomicUsize::new(0);
+        for _ in 0..20 {
+            slow_job(&by_helper);
+        }
+        assert_eq!(
+            by_helper.load(Ordering::Relaxed),
+            0,
+            "the helper ran a piece"
+        );
+        // Alone again, after HOLD: the helper (parked meanwhile) serves again.
+        calls.store(1, Ordering::Relaxed);
+        std::thread::sleep(HOLD * 2);
+        for _ in 0..20 {
+            slow_job(&by_helper);
+        }
+        assert!(
+            by_helper.load(Ordering::Relaxed) > 0,
+            "the helper never ran a piece"
+        );
+    }
+
+    #[test]
     fn a_job_inside_a_piece_and_concurrent_callers_run_alone() {
-        let helper = Helper::start().expect("a thread");
+        let helper = Helper::start(Default::default()).expect("a thread");
         let inner = AtomicUsize::new(0);
         helper.run(4, &|_, _| {
             helper.run(3, &|_, worker| {
@@ -384,7 +449,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "piece")]
     fn a_panicking_piece_panics_in_the_caller() {
-        let helper = Helper::start().expect("a thread");
+        let helper = Helper::start(Default::default()).expect("a thread");
         helper.run(64, &|piece, _| {
             std::thread::sleep(Duration::from_micros(50));
             assert!(piece != 63, "piece 63 fails");
@@ -396,7 +461,7 @@ mod tests {
     /// stack, and the check after the catch would see it).
     #[test]
     fn unwinding_waits_for_the_helper() {
-        let helper = Helper::start().expect("a thread");
+        let helper = Helper::start(Default::default()).expect("a thread");
         for _ in 0..50 {
             let cells: Vec<AtomicUsize> = (0..16).map(|_| AtomicUsize::new(0)).collect();
             let caught = catch_unwind(AssertUnwindSafe(|| {

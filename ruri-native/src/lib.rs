@@ -123,7 +123,11 @@
 //! running on the backend: every such text, except that with the AMX kernel only a text of
 //! at most 32 tokens (a query; AMX's products are so fast that longer texts lost). The
 //! helper is started on the first such text; it spins for 200 µs after each product, then
-//! parks. Each column is still computed whole by one kernel, so the vectors keep their
+//! parks. While more than one call runs on the backend, and for 2 ms after, texts run on
+//! their callers alone and the helper parks at once: two threads sending queries to one
+//! embedder on a 2-core Zen 4 got 3,015–3,146 queries/s at a p99 of 0.97–1.03 ms this way,
+//! against 2,647–2,908 at 1.48–4.0 ms when a helper woken between their calls took a core
+//! from one of them (BENCHMARKS.md, eleventh step). Each column is still computed whole by one kernel, so the vectors keep their
 //! bits. On a 2-core Xeon with AMX it took an int8 query's p50 from 0.72 to 0.62 ms, an
 //! fp32 query's from 5.9 to 2.5 ms and a 123-token fp32 text from 39 to 27 ms; with the
 //! AVX-512 VNNI kernel a 76-token int8 text from 6.7 to 6.1 ms, with AVX2 from 16.9 to
@@ -604,9 +608,10 @@ pub struct NativeBackend {
     /// With more than one thread: a helper for short texts' products
     /// (`helper.rs`), started on first use; `None` inside if it could not start.
     helper: std::sync::OnceLock<Option<std::sync::Arc<helper::Helper>>>,
-    /// Calls of `forward` running now: the helper serves only a call that runs alone (under
-    /// concurrent calls its spinning would take a core another call could use).
-    in_flight: std::sync::atomic::AtomicUsize,
+    /// Calls of `forward` running now, shared with the helper: it serves only a call that
+    /// runs alone, and parks instead of spinning while others run (under concurrent calls
+    /// its work and its spinning would take a core another call could use).
+    in_flight: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     weights: PathBuf,
     precision: Precision,
 }
@@ -749,7 +754,7 @@ impl NativeBackend {
             model,
             pool,
             helper: std::sync::OnceLock::new(),
-            in_flight: std::sync::atomic::AtomicUsize::new(0),
+            in_flight: std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             weights,
             precision,
         })
@@ -767,7 +772,11 @@ impl NativeBackend {
             return None;
         }
         self.helper
-            .get_or_init(|| helper::Helper::start().ok().map(std::sync::Arc::new))
+            .get_or_init(|| {
+                helper::Helper::start(std::sync::Arc::clone(&self.in_flight))
+                    .ok()
+                    .map(std::sync::Arc::new)
+            })
             .clone()
     }
 

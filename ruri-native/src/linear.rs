@@ -1096,7 +1096,9 @@ mod tests {
     /// (its last piece narrower than the others), a split one, and the fused MLP.
     #[test]
     fn a_helper_takes_columns_with_the_same_bits() {
-        let helper = Some(Arc::new(Helper::start().expect("a thread")));
+        let helper = Some(Arc::new(
+            Helper::start(Default::default()).expect("a thread"),
+        ));
         let (n, k) = (200usize, 100usize);
         let w = weights_with_outlier(n, k, 9);
         let outliers = detect_outliers(&w, n, k);
@@ -1157,7 +1159,9 @@ mod tests {
     /// and in the fused MLP (Wi's rows held, Wo added to the residual).
     #[test]
     fn fp32_products_shared_with_a_helper_keep_their_bits() {
-        let helper = Some(Arc::new(Helper::start().expect("a thread")));
+        let helper = Some(Arc::new(
+            Helper::start(Default::default()).expect("a thread"),
+        ));
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         let shared_scratch = || LinearScratch {
             helper: helper.clone(),
