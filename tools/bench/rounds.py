@@ -47,7 +47,7 @@ def main() -> None:
         if r["system"] not in runs:
             order.append(r["system"])
         runs[r["system"]].append(r)
-    metrics = [m for m in METRICS if any(m[0] in r for rs in runs.values() for r in rs)]
+    metrics = [m for m in METRICS if any(r.get(m[0]) is not None for rs in runs.values() for r in rs)]
     rounds = max(len(v) for v in runs.values())
     print(f"Median over {rounds} interleaved rounds (each a fresh process), [min–max].\n")
     print("| system | " + " | ".join(m[1] for m in metrics) + " |")
