@@ -107,15 +107,27 @@ impl Shared {
         self.calls.load(Ordering::Relaxed) > 1
     }
 
-    /// More than one call runs now, or did within [`HOLD`].
+    /// More than one call runs now, or did within [`HOLD`]. The clock is read only then:
+    /// a lone caller, the common case, pays two loads a product.
     fn recently_contended(&self) -> bool {
-        let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        // Nanoseconds since `epoch`, at least 1 (0 means "not since HOLD ran out").
+        let now = || u64::try_from(self.epoch.elapsed().as_nanos()).map_or(u64::MAX, |t| t.max(1));
         if self.contended() {
-            self.contended_at.store(now, Ordering::Relaxed);
+            self.contended_at.store(now(), Ordering::Relaxed);
             return true;
         }
         let at = self.contended_at.load(Ordering::Relaxed);
-        at != 0 && now.saturating_sub(at) < HOLD.as_nanos() as u64
+        if at == 0 {
+            return false;
+        }
+        if now().saturating_sub(at) < HOLD.as_nanos() as u64 {
+            return true;
+        }
+        // HOLD ran out (unless another call stored a later time meanwhile).
+        let _ = self
+            .contended_at
+            .compare_exchange(at, 0, Ordering::Relaxed, Ordering::Relaxed);
+        false
     }
 
     fn serve(&self) {

@@ -129,9 +129,9 @@
 //! 2,650 at 1.78 ms when a helper woken between their calls took a core from one of them
 //! (medians of 6 alternated rounds, BENCHMARKS.md, eleventh step). Each column is still
 //! computed whole by one kernel, so the vectors keep their bits. On a 2-core Xeon with AMX
-//! the helper took an int8 query's p50 from 0.72 to 0.62 ms, an fp32 query's from 5.9 to 2.5 ms and a 123-token fp32 text from 39 to 27 ms; with the
-//! AVX-512 VNNI kernel a 76-token int8 text from 6.7 to 6.1 ms, with AVX2 from 16.9 to
-//! 11.2 ms (BENCHMARKS.md).
+//! the helper took an int8 query's p50 from 0.72 to 0.62 ms, an fp32 query's from 5.9 to
+//! 2.5 ms and a 123-token fp32 text from 39 to 27 ms; with the AVX-512 VNNI kernel a
+//! 76-token int8 text from 6.7 to 6.1 ms, with AVX2 from 16.9 to 11.2 ms (BENCHMARKS.md).
 //!
 //! # Memory
 //!
