@@ -72,15 +72,15 @@ struct Args {
     agreement: Option<usize>,
     /// Also time each query with cold caches: before it, read a buffer of this many MB (not
     /// timed; 256 is several times the L3 of the machines measured), as a service sees after
-    /// other work ran. Adds
-    /// p50_cold_ms and p99_cold_ms; the peak RSS is taken before the buffer exists.
+    /// other work ran. Adds p50_cold_ms and p99_cold_ms; the peak RSS is taken before the
+    /// buffer exists.
     #[arg(long)]
     cold_queries: Option<usize>,
     /// Also embed the queries from this many threads at once on the one embedder (each
     /// thread all 200, from its own starting point, twice): adds concurrent_queries_per_s,
     /// concurrent_p50_ms and concurrent_p99_ms (over every query of every thread).
-    #[arg(long)]
-    concurrent_queries: Option<usize>,
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    concurrent_queries: Option<u16>,
     #[arg(long, hide = true)]
     child_started_at: Option<f64>,
 }
@@ -313,11 +313,11 @@ fn child(args: &Args, system: &str, started_at: f64) -> Result<serde_json::Value
     let peak_rss = peak_rss_mb();
     let cold = args
         .cold_queries
-        .map(|mb| cold_latencies(&*embedder, &queries, mb));
-    let cold = cold.transpose()?;
+        .map(|mb| cold_latencies(&*embedder, &queries, mb))
+        .transpose()?;
     let concurrent = args
         .concurrent_queries
-        .map(|threads| concurrent_latencies(&*embedder, &queries, threads))
+        .map(|threads| concurrent_latencies(&*embedder, &queries, threads.into()))
         .transpose()?;
 
     Ok(serde_json::json!({
@@ -391,7 +391,7 @@ fn concurrent_latencies(
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 s.spawn(move || {
-                    let from = t * queries.len() / threads.max(1);
+                    let from = t * queries.len() / threads;
                     (0..2 * queries.len())
                         .map(|i| {
                             let q = &queries[(from + i) % queries.len()];
