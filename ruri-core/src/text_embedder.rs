@@ -11,6 +11,10 @@ use crate::pipeline::{
 };
 use crate::{EmbedOptions, Embedder, Embeddings, Error, Result, Task};
 
+/// Texts per thread below which [`TextEmbedder::tokenize`] stays on the caller's thread: a
+/// thread's start costs tens of µs, a short text's tokens about 20 µs.
+const TEXTS_PER_TOKENIZING_THREAD: usize = 64;
+
 /// Texts in, vectors out, in input order: the tokenizer, the prompts, the batch limits and
 /// the whitespace policy around one [`Backend`] (one dynamic call per batch).
 ///
@@ -208,6 +212,11 @@ impl TextEmbedder {
     /// Tokenizes texts as [`TextEmbedder::embed_with`] would (prompt, whitespace and
     /// truncation policies), without running the model: to count tokens, or to embed later
     /// with [`TextEmbedder::embed_encodings`].
+    ///
+    /// A large call is tokenized on as many threads as the backend runs batches at once
+    /// ([`Backend::parallelism`]), with at least 64 texts a thread; the encodings, and the
+    /// error when texts fail (the first failing text's, in input order), are those of one
+    /// thread.
     pub fn tokenize(
         &self,
         texts: &[impl AsRef<str>],
@@ -216,15 +225,50 @@ impl TextEmbedder {
         let prompt = self.prompts.resolve(options.get_task())?;
         let truncation = options.get_truncation();
         let whitespace = options.get_whitespace().unwrap_or(self.whitespace);
-        texts
-            .iter()
-            .enumerate()
-            .map(|(i, text)| {
-                self.tokenizer
-                    .encode_with(i, prompt, text.as_ref(), truncation, whitespace)
-                    .map_err(Error::from)
-            })
-            .collect()
+        let encode = |i: usize, text: &str| {
+            self.tokenizer
+                .encode_with(i, prompt, text, truncation, whitespace)
+                .map_err(Error::from)
+        };
+        let threads = self
+            .backend
+            .parallelism()
+            .min(texts.len() / TEXTS_PER_TOKENIZING_THREAD)
+            .max(1);
+        if threads == 1 {
+            return texts
+                .iter()
+                .enumerate()
+                .map(|(i, text)| encode(i, text.as_ref()))
+                .collect();
+        }
+        // As many threads as the backend runs batches at once (its cores are idle until the
+        // batches start), each on a contiguous share of the texts. The shares are joined in
+        // order, so the error reported is the first text's in input order, as above.
+        let texts: Vec<&str> = texts.iter().map(AsRef::as_ref).collect();
+        let share = texts.len().div_ceil(threads);
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = texts
+                .chunks(share)
+                .enumerate()
+                .map(|(c, part)| {
+                    scope.spawn(move || {
+                        part.iter()
+                            .enumerate()
+                            .map(|(j, text)| encode(c * share + j, text))
+                            .collect::<Result<Vec<Encoding>>>()
+                    })
+                })
+                .collect();
+            let mut encodings = Vec::with_capacity(texts.len());
+            for handle in handles {
+                let part = handle
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+                encodings.extend(part);
+            }
+            Ok(encodings)
+        })
     }
 
     /// The old name of [`TextEmbedder::tokenize`]. It returns tokens, while `encode` in

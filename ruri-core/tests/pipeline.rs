@@ -209,6 +209,52 @@ fn a_parallel_backend_gets_batches_on_several_threads_with_the_same_result() {
     );
 }
 
+#[test]
+fn tokenizing_on_several_threads_keeps_the_order_and_the_first_error() {
+    // 300 texts on a backend of 3 workers: three shares of 100 texts, each on its thread.
+    let texts: Vec<String> = (0..300)
+        .map(|i| format!("{i}番目の瑠璃{}", "色".repeat(i % 17)))
+        .collect();
+    let sequential = pipeline(BatchOptions::default(), false);
+    let parallel = with_backend(
+        BatchOptions::default(),
+        FakeBackend {
+            parallelism: 3,
+            ..FakeBackend::default()
+        },
+    );
+    let options = EmbedOptions::new(Task::Document);
+    let expected = sequential.tokenize(&texts, &options).unwrap();
+    assert_eq!(expected.len(), 300);
+    assert_eq!(parallel.tokenize(&texts, &options).unwrap(), expected);
+    // Each text alone gives its own encoding (no share boundary moves a text).
+    for i in [0, 99, 100, 101, 199, 200, 299] {
+        assert_eq!(
+            parallel.tokenize(&texts[i..=i], &options).unwrap()[0],
+            expected[i]
+        );
+    }
+    assert_eq!(
+        parallel.embed(&texts, Task::Document).unwrap(),
+        sequential.embed(&texts, Task::Document).unwrap()
+    );
+
+    // Texts too long under the error policy in the second and third shares: the first one
+    // in input order is named, whichever thread finished first.
+    let long = "東京".repeat(2000);
+    let refuse = EmbedOptions::new(Task::None).truncation(Truncation::Error);
+    for (bad, first) in [(vec![260, 130], 130), (vec![260], 260), (vec![299, 0], 0)] {
+        let mut texts = texts.clone();
+        for &i in &bad {
+            texts[i] = long.clone();
+        }
+        match parallel.tokenize(&texts, &refuse) {
+            Err(Error::InputTooLong { index, .. }) => assert_eq!(index, first, "{bad:?}"),
+            other => panic!("expected InputTooLong, got {other:?}"),
+        }
+    }
+}
+
 /// The pooled rows of [`FakeBackend`], handed over column-major or as a window of a larger
 /// buffer (an owned array with an offset): the pipeline must read them by index, not by
 /// memory order.
