@@ -9,7 +9,9 @@
 //! bit: no instruction fuses a multiply and an add, and nothing is reassociated. A block of
 //! queries sums over the union of their windows, with zero probabilities outside each
 //! query's own (a zero term changes no sum). Nothing `len × len` is held: a block's scores
-//! are `QUERY_BLOCK × keys in its windows`.
+//! are `QUERY_BLOCK × keys in its windows`. A short text within the window computes the
+//! same sums on its scores transposed (a column per query), which spares its softmax the
+//! sums and maxima across a vector's lanes ([`attend_head`] chooses; the bits are the same).
 
 use crate::kernels::simd_f32;
 
@@ -38,9 +40,90 @@ pub(crate) struct AttentionScratch {
     scores: Vec<f32>,
 }
 
+/// Texts of at most this many positions, all within the window of each other, take
+/// [`attend_columns`]; longer ones the blocks of rows (measured on texts of up to 48
+/// positions; the long texts' tuning was done with rows).
+const COLUMNS_MAX_LEN: usize = 256;
+
+const _: () = assert!(
+    QUERY_BLOCK == KEY_GRAIN,
+    "a block of queries is one group of lanes"
+);
+
 /// Attention of one head over `positions` (ascending), into `out`: row `i` is `d` values
 /// at `i · out_stride` (the head's columns of the context rows, written in place).
 pub(crate) fn attend_head(
+    head: &Head<'_>,
+    positions: &[u32],
+    window: usize,
+    scale: f32,
+    scratch: &mut AttentionScratch,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    if positions.len() <= COLUMNS_MAX_LEN && within_window(positions, window) {
+        attend_columns(head, positions.len(), scale, scratch, out, out_stride);
+    } else {
+        attend_rows(head, positions, window, scale, scratch, out, out_stride);
+    }
+}
+
+/// Whether every position sees every other (`positions` ascending).
+fn within_window(positions: &[u32], window: usize) -> bool {
+    match (positions.first(), positions.last()) {
+        (Some(&first), Some(&last)) => last.saturating_sub(first) as usize <= window,
+        _ => true,
+    }
+}
+
+/// [`attend_rows`] for a text whose queries all see all its `len` keys, with the same bits,
+/// on the scores transposed: for each block of queries, `scores[j][i]` is key `j` against
+/// query `i` of the block ([`simd_f32::scores`] with the keys as its rows and the block's
+/// queries transposed into one group of lanes), so that the softmax runs down the columns
+/// ([`simd_f32::softmax_columns`]: every lane a query, no max or sum across lanes, which a
+/// short row's softmax spent most of its time on) and the weighted sums read the
+/// probabilities by column. Each score, total and output is the same sum in the same order
+/// as in rows.
+fn attend_columns(
+    head: &Head<'_>,
+    len: usize,
+    scale: f32,
+    scratch: &mut AttentionScratch,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let (d, stride) = (head.d, head.stride);
+    // The block's queries transposed (`kt`'s buffer: no keys are transposed here), and its
+    // `len × KEY_GRAIN` scores: every value is written before it is read, so both buffers
+    // are only grown.
+    if scratch.kt.len() < d * KEY_GRAIN {
+        scratch.kt.resize(d * KEY_GRAIN, 0.0);
+    }
+    if scratch.scores.len() < len * KEY_GRAIN {
+        scratch.scores.resize(len * KEY_GRAIN, 0.0);
+    }
+    let qt = &mut scratch.kt[..d * KEY_GRAIN];
+    let scores = &mut scratch.scores[..len * KEY_GRAIN];
+    let mut first = 0;
+    while first < len {
+        let rows = (len - first).min(QUERY_BLOCK);
+        simd_f32::transpose_keys(&head.q[first * stride..], stride, rows, d, qt);
+        simd_f32::scores(head.k, stride, len, d, qt, 0, 1, scores);
+        simd_f32::softmax_columns(scores, len, scale);
+        let o = &mut out[first * out_stride..];
+        for r in 0..rows {
+            o[r * out_stride..r * out_stride + d].fill(0.0);
+        }
+        // The values read in place: a short text's rows stay in the caches.
+        simd_f32::weighted_sum_rows(
+            scores, rows, 1, KEY_GRAIN, head.v, stride, len, d, o, out_stride,
+        );
+        first += rows;
+    }
+}
+
+/// Attention of one head in blocks of queries, each over the keys in its queries' windows.
+fn attend_rows(
     head: &Head<'_>,
     positions: &[u32],
     window: usize,
@@ -82,10 +165,7 @@ pub(crate) fn attend_head(
     };
     // A text within the window (every text of up to `window` + 1 positions): every query
     // sees every key, and no search is needed.
-    let whole = match (positions.first(), positions.last()) {
-        (Some(&first), Some(&last)) => last.saturating_sub(first) as usize <= window,
-        _ => true,
-    };
+    let whole = within_window(positions, window);
     let window_of = |i: usize| {
         if whole {
             return (0, len);
@@ -136,6 +216,7 @@ pub(crate) fn attend_head(
             scores,
             rows,
             width,
+            1,
             &v[lo * d..],
             d,
             hi - lo,
@@ -144,5 +225,84 @@ pub(crate) fn attend_head(
             out_stride,
         );
         first += rows;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A head read in place from rows of `3 · h` values (q, k, v side by side, as in Wqkv's
+    /// output), with the head's columns at `offset`.
+    fn attend(
+        qkv: &[f32],
+        h: usize,
+        offset: usize,
+        d: usize,
+        len: usize,
+        columns: bool,
+    ) -> Vec<f32> {
+        let head = Head {
+            q: &qkv[offset..],
+            k: &qkv[h + offset..],
+            v: &qkv[2 * h + offset..],
+            stride: 3 * h,
+            d,
+        };
+        let positions: Vec<u32> = (0..len as u32).collect();
+        // Out rows of `h`, the head's columns at `offset`; the other columns must stay.
+        let mut out = vec![7.5f32; len * h];
+        let mut scratch = AttentionScratch::default();
+        let out_part = &mut out[offset..];
+        if columns {
+            attend_columns(&head, len, 0.125, &mut scratch, out_part, h);
+        } else {
+            attend_rows(&head, &positions, len, 0.125, &mut scratch, out_part, h);
+        }
+        out
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        /// Texts within the window: the transposed scores give the rows' bits, on every
+        /// length around the blocks' edges, with heads whose width is a multiple of the
+        /// AVX-512 tiles' and one that is not (the portable loops).
+        #[test]
+        fn columns_give_the_bits_of_rows(
+            len in prop_oneof![1usize..=40, Just(47usize), Just(129usize), Just(256usize)],
+            d in prop_oneof![Just(64usize), Just(32usize), Just(24usize)],
+            seed in any::<u64>(),
+            sharp in prop_oneof![Just(1.0f32), Just(40.0f32)],
+        ) {
+            let h = 2 * d + 16;
+            let mut state = seed | 1;
+            let qkv: Vec<f32> = (0..len * 3 * h)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * sharp
+                })
+                .collect();
+            for offset in [0, d] {
+                let rows = attend(&qkv, h, offset, d, len, false);
+                let columns = attend(&qkv, h, offset, d, len, true);
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                prop_assert_eq!(bits(&columns), bits(&rows), "len {} d {} offset {}", len, d, offset);
+                // The head's columns were written, the others kept.
+                for row in columns.chunks_exact(h) {
+                    prop_assert!(row[..offset].iter().chain(&row[offset + d..]).all(|&x| x == 7.5));
+                    prop_assert!(row[offset..offset + d].iter().all(|&x| x != 7.5 && x.is_finite()));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn short_texts_within_the_window_take_the_columns() {
+        assert!(within_window(&[3, 10, 131], 128));
+        assert!(!within_window(&[3, 10, 132], 128));
+        assert!(within_window(&[], 0));
     }
 }

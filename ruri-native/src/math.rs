@@ -4,7 +4,7 @@
 
 /// Partial sums kept in this many lanes: wide enough for the compiler to vectorize the
 /// loops without reassociating anything.
-const LANES: usize = 8;
+pub(crate) const LANES: usize = 8;
 
 /// 1.5 · 2²³: adding and subtracting it rounds an f32 of magnitude < 2²² to the nearest
 /// integer, ties to even (the IEEE default), as NumPy's `rint` does; the sum's low mantissa

@@ -48,6 +48,24 @@ pub(crate) fn holds_rows(len: usize, rows: usize, stride: usize, d: usize) -> bo
                 .is_some_and(|end| end <= len))
 }
 
+/// Whether `len` floats hold `rows × keys` probabilities, value `j` of row `r` at `r · p_row
+/// + j · p_key`, without overflow.
+pub(crate) fn holds_probabilities(
+    len: usize,
+    rows: usize,
+    p_row: usize,
+    p_key: usize,
+    keys: usize,
+) -> bool {
+    rows == 0
+        || keys == 0
+        || (rows - 1)
+            .checked_mul(p_row)
+            .zip((keys - 1).checked_mul(p_key))
+            .and_then(|(a, b)| a.checked_add(b))
+            .is_some_and(|last| last < len)
+}
+
 /// `out[r][16·g + i] = Σ_c q[r][c] · kt[g_lo + g][c][i]` (c in order) for `rows` queries and
 /// `groups` groups of [`KEY_GROUP`] keys; `q` holds `rows` rows of `d` at a stride of
 /// `q_stride` (a head's columns read in place from Wqkv's output), `kt` is
@@ -113,16 +131,18 @@ pub(crate) fn transpose_keys_portable(
     }
 }
 
-/// `out[r][c] += Σ_j p[r][j] · v[j][c]` for `j < keys` in order, for `rows` rows; `p` is
-/// `rows × width` (`keys ≤ width`), `v` holds `keys` rows of `d` at a stride of `v_stride`,
-/// `out` `rows` rows of `d` at a stride of `out_stride` (in place: a head's columns of Wqkv's
-/// output and of the context rows). On AVX-512 with `d` a multiple of 16, the
-/// register-blocked tiles of `x86_f32` (the same bits).
+/// `out[r][c] += Σ_j p[r][j] · v[j][c]` for `j < keys` in order, for `rows` rows; `p[r][j]`
+/// is `p[r · p_row + j · p_key]`: rows of probabilities (`p_key` = 1) or their columns, as
+/// [`softmax_columns`] leaves them (`p_row` = 1, `p_key` = 16); `v` holds `keys` rows of `d`
+/// at a stride of `v_stride`, `out` `rows` rows of `d` at a stride of `out_stride` (in place:
+/// a head's columns of Wqkv's output and of the context rows). On AVX-512 with `d` a
+/// multiple of 16, the register-blocked tiles of `x86_f32` (the same bits).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn weighted_sum_rows(
     p: &[f32],
     rows: usize,
-    width: usize,
+    p_row: usize,
+    p_key: usize,
     v: &[f32],
     v_stride: usize,
     keys: usize,
@@ -133,15 +153,27 @@ pub(crate) fn weighted_sum_rows(
     #[cfg(target_arch = "x86_64")]
     if d.is_multiple_of(VEC) && super::x86_f32::available() {
         return super::x86_f32::weighted_sum_rows(
-            p, rows, width, v, v_stride, keys, d, out, out_stride,
+            p, rows, p_row, p_key, v, v_stride, keys, d, out, out_stride,
         );
     }
-    weighted_sum_rows_portable(p, rows, width, v, v_stride, keys, d, out, out_stride)
+    weighted_sum_rows_portable(p, rows, p_row, p_key, v, v_stride, keys, d, out, out_stride)
 }
 
 multiversion! {
     /// [`weighted_sum_rows`] without the AVX-512 tiles.
-    fn weighted_sum_rows_portable / weighted_sum_rows_body(p: &[f32], rows: usize, width: usize, v: &[f32], v_stride: usize, keys: usize, d: usize, out: &mut [f32], out_stride: usize)
+    fn weighted_sum_rows_portable / weighted_sum_rows_body(p: &[f32], rows: usize, p_row: usize, p_key: usize, v: &[f32], v_stride: usize, keys: usize, d: usize, out: &mut [f32], out_stride: usize)
+}
+
+multiversion! {
+    /// The softmax of each column of `s` (`keys` rows of [`KEY_GROUP`] scores: column `i` is
+    /// one query's scores against every key, as [`scores`] computes them with the keys as
+    /// its rows and the queries transposed), over all `keys` rows after scaling by `scale`.
+    /// The same bits as [`softmax_rows`] gives the query's row when all its keys are its own
+    /// (a text within the window): max, `exp(x − max)`, the total of key `j` in partial sum
+    /// `j mod 8` as [`crate::math::sum`] adds a row, the partial sums in order, then each
+    /// divided by it. Every step runs down the columns, so every lane is a query: no sum or
+    /// max across the lanes of a vector.
+    fn softmax_columns / softmax_columns_body(s: &mut [f32], keys: usize, scale: f32)
 }
 
 multiversion! {
@@ -239,7 +271,8 @@ fn scores_body(
 fn weighted_sum_rows_body(
     p: &[f32],
     rows: usize,
-    width: usize,
+    p_row: usize,
+    p_key: usize,
     v: &[f32],
     v_stride: usize,
     keys: usize,
@@ -247,12 +280,59 @@ fn weighted_sum_rows_body(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    assert!(keys <= width && p.len() >= rows * width);
+    assert!(holds_probabilities(p.len(), rows, p_row, p_key, keys));
     assert!(holds_rows(v.len(), keys, v_stride, d));
     assert!(holds_rows(out.len(), rows, out_stride, d));
-    for (r, pr) in p.chunks_exact(width).take(rows).enumerate() {
+    for r in 0..rows {
         let o = &mut out[r * out_stride..r * out_stride + d];
-        weighted_sum_body(&pr[..keys], v, v_stride, d, o);
+        weighted_sum_body(&p[r * p_row..], p_key, keys, v, v_stride, d, o);
+    }
+}
+
+#[inline(always)]
+fn softmax_columns_body(s: &mut [f32], keys: usize, scale: f32) {
+    // Rows as fixed-size arrays, so that each step is one vector operation a row (a slice
+    // loop was vectorized across rows, with gathers).
+    let (rows, _) = s[..keys * VEC].as_chunks_mut::<VEC>();
+    let mut max = [f32::NEG_INFINITY; VEC];
+    for row in rows.iter_mut() {
+        for i in 0..VEC {
+            row[i] *= scale;
+            max[i] = max[i].max(row[i]);
+        }
+    }
+    // `crate::math::sum`'s partial sums, each a vector of the columns' (key `j` is in lane
+    // `j mod LANES` of its row's sum): whole rounds of LANES keys, then the rest.
+    const LANES: usize = crate::math::LANES;
+    let mut partial = [[0.0f32; VEC]; LANES];
+    let (rounds, rest) = rows.as_chunks_mut::<LANES>();
+    for round in rounds.iter_mut() {
+        for (row, acc) in round.iter_mut().zip(partial.iter_mut()) {
+            for i in 0..VEC {
+                row[i] = crate::math::exp(row[i] - max[i]);
+                acc[i] += row[i];
+            }
+        }
+    }
+    for (row, acc) in rest.iter_mut().zip(partial.iter_mut()) {
+        for i in 0..VEC {
+            row[i] = crate::math::exp(row[i] - max[i]);
+            acc[i] += row[i];
+        }
+    }
+    let mut total = [0.0f32; VEC];
+    for acc in &partial {
+        for i in 0..VEC {
+            total[i] += acc[i];
+        }
+    }
+    for row in rows.iter_mut() {
+        // An opaque address a row: otherwise the AVX-512 copy divides across rows, with a
+        // gather and a scatter each (a row is one vector division).
+        let row = std::hint::black_box(row);
+        for i in 0..VEC {
+            row[i] /= total[i];
+        }
     }
 }
 
@@ -409,10 +489,19 @@ fn exp_from_zero(s: &mut [f32], own_hi: usize, max: f32) {
     }
 }
 
-/// `out[c] += Σ_j p[j] · v[j][c]` over the keys of `p` in order; row `j` of `v` starts at
-/// `j · v_stride`.
+/// `out[c] += Σ_j p[j · p_key] · v[j][c]` over `keys` keys in order; row `j` of `v` starts
+/// at `j · v_stride`.
 #[inline(always)]
-fn weighted_sum_body(p: &[f32], v: &[f32], v_stride: usize, d: usize, out: &mut [f32]) {
+fn weighted_sum_body(
+    p: &[f32],
+    p_key: usize,
+    keys: usize,
+    v: &[f32],
+    v_stride: usize,
+    d: usize,
+    out: &mut [f32],
+) {
+    let p = p.iter().step_by(p_key.max(1)).take(keys);
     let out = &mut out[..d];
     let mut c0 = 0;
     while c0 < d {
@@ -421,14 +510,14 @@ fn weighted_sum_body(p: &[f32], v: &[f32], v_stride: usize, d: usize, out: &mut 
         let mut acc = [0.0f32; VEC];
         acc[..w].copy_from_slice(&out[c0..c0 + w]);
         if w == VEC {
-            for (&pj, vj) in p.iter().zip(v.chunks(v_stride.max(1))) {
+            for (&pj, vj) in p.clone().zip(v.chunks(v_stride.max(1))) {
                 let vj: &[f32; VEC] = vj[c0..c0 + VEC].try_into().expect("VEC values");
                 for (a, &x) in acc.iter_mut().zip(vj) {
                     *a += pj * x;
                 }
             }
         } else {
-            for (&pj, vj) in p.iter().zip(v.chunks(v_stride.max(1))) {
+            for (&pj, vj) in p.clone().zip(v.chunks(v_stride.max(1))) {
                 for (a, &x) in acc.iter_mut().zip(&vj[c0..c0 + w]) {
                     *a += pj * x;
                 }
@@ -923,6 +1012,7 @@ mod tests {
             scores(&q, d, rows, d, &kt, g_lo, used, &mut a);
             scores_body(&q, d, rows, d, &kt, g_lo, used, &mut b);
             prop_assert_eq!(bits(&a), bits(&b));
+            let raw_scores = a.clone();
             // q read in place, rows `stride` apart (a head's columns of Wqkv's rows): the same
             // bits, on every version.
             let stride = d + 1 + seed as usize % 40;
@@ -972,13 +1062,13 @@ mod tests {
             // its own window alone, bit for bit (the zeros outside change nothing).
             let v: Vec<f32> = (0..keys * d).map(|i| value(i + 11)).collect();
             let (mut a, mut b) = (vec![0.25; rows * d], vec![0.25; rows * d]);
-            weighted_sum_rows(&p, rows, width, &v, d, keys, d, &mut a, d);
-            weighted_sum_rows_body(&p, rows, width, &v, d, keys, d, &mut b, d);
+            weighted_sum_rows(&p, rows, width, 1, &v, d, keys, d, &mut a, d);
+            weighted_sum_rows_body(&p, rows, width, 1, &v, d, keys, d, &mut b, d);
             prop_assert_eq!(bits(&a), bits(&b));
             for r in 0..rows {
                 let (own_lo, own_hi) = own(r);
                 let mut alone = vec![0.25; d];
-                weighted_sum_body(&p[r * width + own_lo..r * width + own_hi], &v[own_lo * d..own_hi * d], d, d, &mut alone);
+                weighted_sum_body(&p[r * width + own_lo..r * width + own_hi], 1, own_hi - own_lo, &v[own_lo * d..own_hi * d], d, d, &mut alone);
                 prop_assert_eq!(bits(&a[r * d..(r + 1) * d]), bits(&alone));
             }
             // v read and out written in place, rows `stride` apart: the same bits, and the
@@ -986,10 +1076,38 @@ mod tests {
             let v_wide = spread(&v, keys);
             let start = spread(&vec![0.25; rows * d], rows);
             let (mut c, mut e) = (start.clone(), start.clone());
-            weighted_sum_rows(&p, rows, width, &v_wide, stride, keys, d, &mut c, stride);
-            weighted_sum_rows_body(&p, rows, width, &v_wide, stride, keys, d, &mut e, stride);
+            weighted_sum_rows(&p, rows, width, 1, &v_wide, stride, keys, d, &mut c, stride);
+            weighted_sum_rows_body(&p, rows, width, 1, &v_wide, stride, keys, d, &mut e, stride);
             prop_assert_eq!(bits(&c), bits(&spread(&a, rows)));
             prop_assert_eq!(bits(&e), bits(&spread(&a, rows)));
+            // By column, as a text within the window runs: the first rows' scores against
+            // every key, transposed into `keys × VEC` (the lanes past them zero), softmaxed
+            // down the columns, give each row's bits softmaxed over all its keys, and the
+            // weighted sums reading them by column give the rows' bits.
+            let n = rows.min(VEC);
+            let mut cols = vec![0.0f32; keys * VEC];
+            for r in 0..n {
+                for j in 0..keys {
+                    cols[j * VEC + r] = raw_scores[r * width + j] * 30.0;
+                }
+            }
+            let mut cols_body = cols.clone();
+            softmax_columns(&mut cols, keys, 0.125);
+            softmax_columns_body(&mut cols_body, keys, 0.125);
+            prop_assert_eq!(bits(&cols), bits(&cols_body));
+            let mut by_rows: Vec<f32> = raw_scores[..n * width].iter().map(|x| x * 30.0).collect();
+            softmax_rows(&mut by_rows, width, &vec![(0, keys); n], 0.125);
+            for r in 0..n {
+                for j in 0..keys {
+                    prop_assert_eq!(cols[j * VEC + r].to_bits(), by_rows[r * width + j].to_bits());
+                }
+            }
+            let (mut f, mut g, mut h) = (vec![0.25; n * d], vec![0.25; n * d], vec![0.25; n * d]);
+            weighted_sum_rows(&cols, n, 1, VEC, &v, d, keys, d, &mut f, d);
+            weighted_sum_rows_body(&cols, n, 1, VEC, &v, d, keys, d, &mut g, d);
+            weighted_sum_rows(&by_rows, n, width, 1, &v, d, keys, d, &mut h, d);
+            prop_assert_eq!(bits(&f), bits(&h));
+            prop_assert_eq!(bits(&g), bits(&h));
             let p: Vec<f32> = (0..width).map(|i| value(i + 3)).collect();
             let u: Vec<f32> = (0..width).map(|i| value(i + 5) * 40.0).collect();
             let (mut a, mut b) = (vec![0.0; width], vec![0.0; width]);

@@ -10,7 +10,7 @@
 
 use std::arch::x86_64::*;
 
-use super::simd_f32::holds_rows;
+use super::simd_f32::{holds_probabilities, holds_rows};
 
 /// Query rows per tile.
 const MR: usize = 4;
@@ -215,14 +215,16 @@ fn transpose16(rows: [__m512; LANES]) -> [__m512; LANES] {
     out
 }
 
-/// `out[r][c] += Σ_j p[r][j] · v[j][c]` for `j < keys` in order; `p` is `rows × width`
-/// (`keys ≤ width`), `v` holds `keys` rows of `d` at a stride of `v_stride` (`d` a multiple
-/// of 16), `out` `rows` rows of `d` at a stride of `out_stride`.
+/// `out[r][c] += Σ_j p[r][j] · v[j][c]` for `j < keys` in order; `p[r][j]` is
+/// `p[r · p_row + j · p_key]` (rows of probabilities, or their columns), `v` holds `keys` rows
+/// of `d` at a stride of `v_stride` (`d` a multiple of 16), `out` `rows` rows of `d` at a
+/// stride of `out_stride`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn weighted_sum_rows(
     p: &[f32],
     rows: usize,
-    width: usize,
+    p_row: usize,
+    p_key: usize,
     v: &[f32],
     v_stride: usize,
     keys: usize,
@@ -231,15 +233,15 @@ pub(crate) fn weighted_sum_rows(
     out_stride: usize,
 ) {
     assert!(available(), "AVX-512 tiles on a CPU without AVX-512F");
-    assert!(d.is_multiple_of(LANES) && keys <= width);
-    assert!(p.len() >= rows * width);
+    assert!(d.is_multiple_of(LANES));
+    assert!(holds_probabilities(p.len(), rows, p_row, p_key, keys));
     assert!(holds_rows(v.len(), keys, v_stride, d));
     assert!(holds_rows(out.len(), rows, out_stride, d));
     // SAFETY: the CPU runs AVX-512F (checked above). Tile (chunk, r, c0) reads
-    // p[r..r + mr][chunk] (chunk < keys ≤ width), v[chunk · v_stride..][c0..c0 + nv·16]
-    // (c0 + nv·16 ≤ d) and reads and writes out[(r..r + mr) · out_stride..][c0..c0 + nv·16]:
-    // inside the checked sizes.
-    unsafe { weighted_sum_rows_impl(p, rows, width, v, v_stride, keys, d, out, out_stride) }
+    // p[r..r + mr][chunk] (r < rows, chunk < keys: below the checked last index),
+    // v[chunk · v_stride..][c0..c0 + nv·16] (c0 + nv·16 ≤ d) and reads and writes
+    // out[(r..r + mr) · out_stride..][c0..c0 + nv·16]: inside the checked sizes.
+    unsafe { weighted_sum_rows_impl(p, rows, p_row, p_key, v, v_stride, keys, d, out, out_stride) }
 }
 
 #[target_feature(enable = "avx512f")]
@@ -247,7 +249,8 @@ pub(crate) fn weighted_sum_rows(
 unsafe fn weighted_sum_rows_impl(
     p: &[f32],
     rows: usize,
-    width: usize,
+    p_row: usize,
+    p_key: usize,
     v: &[f32],
     v_stride: usize,
     keys: usize,
@@ -271,23 +274,23 @@ unsafe fn weighted_sum_rows_impl(
                 // `weighted_sum_rows`).
                 unsafe {
                     let (pt, vt, o) = (
-                        p.add(r * width + j0),
+                        p.add(r * p_row + j0 * p_key),
                         v.add(j0 * vs + c0),
                         out.add(r * os + c0),
                     );
                     match (mr, nv) {
-                        (MR, NV) => weighted_tile::<MR, NV>(pt, width, vt, vs, kn, o, os),
+                        (MR, NV) => weighted_tile::<MR, NV>(pt, p_row, p_key, vt, vs, kn, o, os),
                         (MR, _) => {
                             for n in 0..nv {
                                 let (vt, o) = (vt.add(n * LANES), o.add(n * LANES));
-                                weighted_tile::<MR, 1>(pt, width, vt, vs, kn, o, os);
+                                weighted_tile::<MR, 1>(pt, p_row, p_key, vt, vs, kn, o, os);
                             }
                         }
-                        (_, NV) => weighted_tile::<1, NV>(pt, width, vt, vs, kn, o, os),
+                        (_, NV) => weighted_tile::<1, NV>(pt, p_row, p_key, vt, vs, kn, o, os),
                         _ => {
                             for n in 0..nv {
                                 let (vt, o) = (vt.add(n * LANES), o.add(n * LANES));
-                                weighted_tile::<1, 1>(pt, width, vt, vs, kn, o, os);
+                                weighted_tile::<1, 1>(pt, p_row, p_key, vt, vs, kn, o, os);
                             }
                         }
                     }
@@ -302,14 +305,16 @@ unsafe fn weighted_sum_rows_impl(
 /// `R × N·16` outputs continued from `out` over `keys` keys, one after another.
 ///
 /// # Safety
-/// AVX-512F; `p` holds `R` rows of stride `width` with `keys` values, `v` `keys` rows of
-/// stride `v_stride` with `N·16` channels, `out` `R` rows of stride `out_stride` with `N·16`
-/// channels.
+/// AVX-512F; `p` holds `R` rows of `keys` values, value `j` of row `r` at `r · p_row + j ·
+/// p_key`, `v` `keys` rows of stride `v_stride` with `N·16` channels, `out` `R` rows of
+/// stride `out_stride` with `N·16` channels.
 #[target_feature(enable = "avx512f")]
 #[inline]
+#[allow(clippy::too_many_arguments)]
 unsafe fn weighted_tile<const R: usize, const N: usize>(
     p: *const f32,
-    width: usize,
+    p_row: usize,
+    p_key: usize,
     v: *const f32,
     v_stride: usize,
     keys: usize,
@@ -331,7 +336,7 @@ unsafe fn weighted_tile<const R: usize, const N: usize>(
         }
         for (r, acc) in acc.iter_mut().enumerate() {
             // SAFETY: p[r][j] (the caller's contract).
-            let pv = _mm512_set1_ps(unsafe { *p.add(r * width + j) });
+            let pv = _mm512_set1_ps(unsafe { *p.add(r * p_row + j * p_key) });
             for (a, &x) in acc.iter_mut().zip(&x) {
                 *a = _mm512_add_ps(*a, _mm512_mul_ps(pv, x));
             }
