@@ -1,7 +1,7 @@
 #![allow(missing_docs)] // criterion_group! generates an undocumented function
 //! The int8 GEMM kernels (and the fp32 GEMM: `fp32_gemm` the version this CPU picks,
 //! `fp32_gemm_avx2` and `fp32_gemm_base` each narrower one it also runs) on the linears of the
-//! 30m shape (M = 900 token rows, about one
+//! 30m and 310m shapes (M = 900 token rows, about one
 //! 32-document batch of the workload; and the 64- and 96-row chunks the engine multiplies at
 //! a time) and on a square shape, in multiply-adds per second
 //! (`Throughput::Elements` counts MACs), on every kernel this CPU runs (on AVX-512 CPUs that
@@ -28,6 +28,13 @@ fn kernels(c: &mut Criterion) {
         ("wi_64", 64, 2048, 256),
         ("mlp_wo_64", 64, 256, 1024),
         ("wqkv_96", 96, 768, 256),
+        // The 310m shape's layers (hidden 768, intermediate 3,072), and its MLP's chunks.
+        ("wqkv_310m", 900, 2304, 768),
+        ("attn_wo_310m", 900, 768, 768),
+        ("wi_310m", 900, 6144, 768),
+        ("mlp_wo_310m", 900, 768, 3072),
+        ("wi_310m_64", 64, 6144, 768),
+        ("mlp_wo_310m_64", 64, 768, 3072),
     ];
     for kernel in Kernel::available() {
         let mut group = c.benchmark_group(format!("int8_gemm/{kernel}"));
