@@ -8,12 +8,12 @@
 //! includes `avx512vnni256`, the AVX-VNNI kernel's source in its EVEX encoding); and the
 //! MLP's GeGLU on one 64-row chunk of the 30m shape's 1,024 intermediate channels, in values
 //! per second; one text's attention (every head of the 30m shape, tokens per second) and the
-//! quantization of int8 inputs (values per second).
+//! quantization of int8 inputs and the LayerNorm of a layer's rows (values per second).
 //! `cargo bench -p ruri-native --bench kernels`.
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use ruri_native::Kernel;
-use ruri_native::bench::{Attention, Fp32Gemm, Gemm, geglu, quantize_rows};
+use ruri_native::bench::{Attention, Fp32Gemm, Gemm, geglu, layer_norm_rows, quantize_rows};
 
 fn kernels(c: &mut Criterion) {
     // (name, M, N, K): Wqkv, attention Wo, Wi, MLP Wo of ruri-v3-30m; one query; a square;
@@ -101,6 +101,19 @@ fn kernels(c: &mut Criterion) {
         group.throughput(Throughput::Elements((64 * k) as u64));
         group.bench_function(format!("rows_64x{k}"), |b| {
             b.iter(|| std::hint::black_box(quantize_rows(&x, k, &mut q)))
+        });
+    }
+    group.finish();
+    // LayerNorm of 64 rows of the hidden width of the 30m and 310m shapes (every layer
+    // norms its rows twice), in values per second.
+    let mut group = c.benchmark_group("layer_norm");
+    for k in [256, 768] {
+        let x: Vec<f32> = (0..64 * k).map(|i| value(i * 5 + 2)).collect();
+        let weight: Vec<f32> = (0..k).map(|i| 1.0 + value(i) / 8.0).collect();
+        let mut out = vec![0.0f32; 64 * k];
+        group.throughput(Throughput::Elements((64 * k) as u64));
+        group.bench_function(format!("rows_64x{k}"), |b| {
+            b.iter(|| std::hint::black_box(layer_norm_rows(&x, &weight, &mut out)))
         });
     }
     group.finish();

@@ -335,6 +335,16 @@ pub mod bench {
             .sum()
     }
 
+    /// LayerNorm of each row of `x` (rows of `weight.len()`) as the engine norms a layer's
+    /// input, into `out`; returns a checksum.
+    pub fn layer_norm_rows(x: &[f32], weight: &[f32], out: &mut [f32]) -> f32 {
+        let k = weight.len();
+        for (x, o) in x.chunks_exact(k).zip(out.chunks_exact_mut(k)) {
+            crate::kernels::simd_f32::layer_norm(x, weight, 1e-5, o);
+        }
+        out.iter().step_by(61).sum()
+    }
+
     /// `C = A · Wᵀ` (`a`: `m × k`, `w`: `n × k`, row-major; C `m × n`) on `kernel`, for tests
     /// that check a kernel against a sum computed elsewhere (ruri-wasm's node test). `None`
     /// when the kernel does not run here or a length does not match its shape.
