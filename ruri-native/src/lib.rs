@@ -327,8 +327,11 @@ pub mod bench {
     }
 
     /// Quantizes `x` (rows of `k`) as the int8 linears stage their inputs, into `out`;
-    /// returns a checksum.
+    /// returns a checksum (0 for rows of no values).
     pub fn quantize_rows(x: &[f32], k: usize, out: &mut [i8]) -> i32 {
+        if k == 0 {
+            return 0;
+        }
         x.chunks_exact(k)
             .zip(out.chunks_exact_mut(k))
             .map(|(x, o)| crate::linear::quantize_row(x, o).1)
@@ -336,9 +339,12 @@ pub mod bench {
     }
 
     /// LayerNorm of each row of `x` (rows of `weight.len()`) as the engine norms a layer's
-    /// input, into `out`; returns a checksum.
+    /// input, into `out`; returns a checksum (0 for rows of no values).
     pub fn layer_norm_rows(x: &[f32], weight: &[f32], out: &mut [f32]) -> f32 {
         let k = weight.len();
+        if k == 0 {
+            return 0.0;
+        }
         for (x, o) in x.chunks_exact(k).zip(out.chunks_exact_mut(k)) {
             crate::kernels::simd_f32::layer_norm(x, weight, 1e-5, o);
         }
@@ -375,6 +381,23 @@ pub mod bench {
                 .flat_map(|row| row[..n].iter().copied())
                 .collect(),
         )
+    }
+
+    #[cfg(test)]
+    mod tests {
+        /// Rows of no values are nothing to do, not a panic (`chunks_exact(0)` panics).
+        #[test]
+        fn empty_rows_are_nothing_to_do() {
+            assert_eq!(super::quantize_rows(&[], 0, &mut []), 0);
+            assert_eq!(super::layer_norm_rows(&[], &[], &mut []), 0.0);
+            // And a real row still gets its norm: mean 0, unit variance, times the weights.
+            let mut out = [0.0f32; 2];
+            super::layer_norm_rows(&[1.0, 3.0], &[2.0, 1.0], &mut out);
+            assert!(
+                (out[0] + 2.0).abs() < 1e-4 && (out[1] - 1.0).abs() < 1e-4,
+                "{out:?}"
+            );
+        }
     }
 }
 
