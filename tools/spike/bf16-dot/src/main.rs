@@ -26,52 +26,103 @@ fn rate(name: &str, macs_per_instr: usize, body: impl Fn() -> f64) {
     );
 }
 
+/// A register-only loop: `ACC` accumulators, each updated `ITERS` times by `$step` (a
+/// closure of the accumulator), then summed so that nothing is dead code.
+macro_rules! loop_body {
+    ($features:literal, $name:ident, $zero:expr, $step:expr, $reduce:expr) => {
+        #[target_feature(enable = $features)]
+        fn $name() -> f64 {
+            // Opaque starting values: nothing about the loop can be worked out at compile time.
+            let mut a = std::hint::black_box([$zero; ACC]);
+            for _ in 0..ITERS {
+                for acc in a.iter_mut() {
+                    *acc = $step(*acc);
+                }
+            }
+            a.iter().map(|&v| $reduce(v) as f64).sum()
+        }
+    };
+}
+
+// The multiply takes the accumulator, so that it runs every time: a product of two
+// loop-invariant values is hoisted out of the loop (and only the adds were timed).
+loop_body!(
+    "avx512f",
+    mul_add,
+    _mm512_set1_ps(1.0),
+    |acc| _mm512_add_ps(acc, _mm512_mul_ps(acc, _mm512_set1_ps(1e-8))),
+    _mm512_reduce_add_ps
+);
+loop_body!(
+    "avx512f",
+    fma,
+    _mm512_setzero_ps(),
+    |acc| _mm512_fmadd_ps(_mm512_set1_ps(1.000_001), _mm512_set1_ps(0.999_999), acc),
+    _mm512_reduce_add_ps
+);
+loop_body!(
+    "avx512f,avx512bf16",
+    dpbf16,
+    _mm512_setzero_ps(),
+    |acc| {
+        let x = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1.01), _mm512_set1_ps(0.99));
+        _mm512_dpbf16_ps(acc, x, x)
+    },
+    _mm512_reduce_add_ps
+);
+loop_body!(
+    "avx512f,avx512vnni",
+    dpbusd,
+    _mm512_setzero_si512(),
+    |acc| _mm512_dpbusd_epi32(acc, _mm512_set1_epi8(3), _mm512_set1_epi8(3)),
+    _mm512_reduce_add_epi32
+);
+
+/// The shape of ruri-native's f32 attention tiles: per step, 4 vectors loaded (keys) and 3
+/// values broadcast (queries) from a small array in L1, and `ACC` = 3 × 4 accumulators, each
+/// `acc + q · k`; the products do not depend on the accumulators, as in the tiles. `FMA`
+/// fuses the multiply and the add.
 #[target_feature(enable = "avx512f")]
-fn mul_add() -> f64 {
-    let (x, y) = (_mm512_set1_ps(1.000_001), _mm512_set1_ps(0.999_999));
-    let mut a = [_mm512_setzero_ps(); ACC];
-    for _ in 0..ITERS {
-        for acc in a.iter_mut() {
-            *acc = _mm512_add_ps(*acc, _mm512_mul_ps(x, y));
+fn tile<const FMA: bool>() -> f64 {
+    // 64 steps of keys (4 vectors each) and queries (3 values each), reused in turn.
+    // 64-byte aligned, as the engine's buffers are not guaranteed to be: an unaligned run
+    // splits every load across two cache lines (runs of a Vec moved between 26 and 43 G).
+    #[repr(C, align(64))]
+    struct Aligned([f32; 64 * 64]);
+    let mut keys = Box::new(Aligned([0.0; 64 * 64]));
+    let mut queries = Box::new(Aligned([0.0; 64 * 64]));
+    for (i, k) in keys.0.iter_mut().enumerate() {
+        *k = 1.0 + i as f32 * 1e-7;
+    }
+    for (i, q) in queries.0.iter_mut().take(64 * 3).enumerate() {
+        *q = 1e-9 * i as f32;
+    }
+    let (keys, queries) = (std::hint::black_box(keys), std::hint::black_box(queries));
+    // (An opaque scalar, not an opaque array: the array would stay in memory, a store per
+    // update.)
+    let mut a = [_mm512_set1_ps(std::hint::black_box(0.0)); ACC];
+    let (kp, qp) = (keys.0.as_ptr(), queries.0.as_ptr());
+    for _ in 0..ITERS / 64 {
+        for step in 0..64 {
+            // SAFETY: step < 64, so the loads read keys[step·64..step·64 + 64] and
+            // queries[step·3..step·3 + 3], inside both vectors.
+            let k: [__m512; 4] =
+                std::array::from_fn(|n| unsafe { _mm512_loadu_ps(kp.add(step * 64 + n * 16)) });
+            for r in 0..3 {
+                // SAFETY: as above.
+                let q = _mm512_set1_ps(unsafe { *qp.add(step * 3 + r) });
+                for n in 0..4 {
+                    let acc = &mut a[r * 4 + n];
+                    *acc = if FMA {
+                        _mm512_fmadd_ps(q, k[n], *acc)
+                    } else {
+                        _mm512_add_ps(*acc, _mm512_mul_ps(q, k[n]))
+                    };
+                }
+            }
         }
     }
     a.iter().map(|&v| _mm512_reduce_add_ps(v) as f64).sum()
-}
-
-#[target_feature(enable = "avx512f")]
-fn fma() -> f64 {
-    let (x, y) = (_mm512_set1_ps(1.000_001), _mm512_set1_ps(0.999_999));
-    let mut a = [_mm512_setzero_ps(); ACC];
-    for _ in 0..ITERS {
-        for acc in a.iter_mut() {
-            *acc = _mm512_fmadd_ps(x, y, *acc);
-        }
-    }
-    a.iter().map(|&v| _mm512_reduce_add_ps(v) as f64).sum()
-}
-
-#[target_feature(enable = "avx512f,avx512bf16")]
-fn dpbf16() -> f64 {
-    let x = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1.01), _mm512_set1_ps(0.99));
-    let mut a = [_mm512_setzero_ps(); ACC];
-    for _ in 0..ITERS {
-        for acc in a.iter_mut() {
-            *acc = _mm512_dpbf16_ps(*acc, x, x);
-        }
-    }
-    a.iter().map(|&v| _mm512_reduce_add_ps(v) as f64).sum()
-}
-
-#[target_feature(enable = "avx512f,avx512vnni")]
-fn dpbusd() -> f64 {
-    let x = _mm512_set1_epi8(3);
-    let mut a = [_mm512_setzero_si512(); ACC];
-    for _ in 0..ITERS {
-        for acc in a.iter_mut() {
-            *acc = _mm512_dpbusd_epi32(*acc, x, x);
-        }
-    }
-    a.iter().map(|&v| _mm512_reduce_add_epi32(v) as f64).sum()
 }
 
 /// One `vdpbf16ps`: 16 accumulators, 32 bf16 pairs (lane j takes elements 2j and 2j + 1).
@@ -197,10 +248,12 @@ fn main() {
         eprintln!("this spike needs AVX-512 BF16 and VNNI; this CPU lacks one of them");
         std::process::exit(2);
     }
-    // SAFETY (all four): the CPU has AVX-512 F, BF16 and VNNI (checked above); the bodies
-    // touch registers only.
+    // SAFETY (all six): the CPU has AVX-512 F, BF16 and VNNI (checked above); the bodies
+    // touch registers only, and `tile` its own vectors.
     rate("vmulps + vaddps", 16, || unsafe { mul_add() });
     rate("vfmadd231ps", 16, || unsafe { fma() });
+    rate("tile, mul + add", 16, || unsafe { tile::<false>() });
+    rate("tile, FMA", 16, || unsafe { tile::<true>() });
     rate("vdpbf16ps", 32, || unsafe { dpbf16() });
     rate("vpdpbusd", 64, || unsafe { dpbusd() });
 
