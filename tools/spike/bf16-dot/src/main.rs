@@ -258,28 +258,26 @@ fn main() {
     rate("vpdpbusd", 64, || unsafe { dpbusd() });
 
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    exactness(
-        "normal range (operands 2^-12..2^12, accumulators 2^-17..2^12)",
-        2_000_000,
-        &mut rng,
-        |r| {
+    // Biased exponents (first, count) of the two bf16 operands and of the accumulators.
+    let cases = [
+        (
+            "normal range (operands 2^-12..2^12, accumulators 2^-17..2^12)",
+            2_000_000,
+            [(115, 25), (115, 25), (110, 30)],
+        ),
+        (
+            "near underflow (products 2^-193..2^-28, accumulators subnormal or below 2^-123)",
+            500_000,
+            [(1, 70), (60, 40), (0, 4)],
+        ),
+    ];
+    for (label, calls, [(a_lo, a_n), (b_lo, b_n), (c_lo, c_n)]) in cases {
+        exactness(label, calls, &mut rng, |r| {
             let (mut acc, mut a, mut b) = ([0f32; 16], [0u16; 32], [0u16; 32]);
-            a.iter_mut().for_each(|v| *v = r.bf16(115, 25));
-            b.iter_mut().for_each(|v| *v = r.bf16(115, 25));
-            acc.iter_mut().for_each(|v| *v = r.f32(110, 30));
+            a.iter_mut().for_each(|v| *v = r.bf16(a_lo, a_n));
+            b.iter_mut().for_each(|v| *v = r.bf16(b_lo, b_n));
+            acc.iter_mut().for_each(|v| *v = r.f32(c_lo, c_n));
             (acc, a, b)
-        },
-    );
-    exactness(
-        "near underflow (products 2^-193..2^-28, accumulators subnormal or below 2^-123)",
-        500_000,
-        &mut rng,
-        |r| {
-            let (mut acc, mut a, mut b) = ([0f32; 16], [0u16; 32], [0u16; 32]);
-            a.iter_mut().for_each(|v| *v = r.bf16(1, 70));
-            b.iter_mut().for_each(|v| *v = r.bf16(60, 40));
-            acc.iter_mut().for_each(|v| *v = r.f32(0, 4));
-            (acc, a, b)
-        },
-    );
+        });
+    }
 }
