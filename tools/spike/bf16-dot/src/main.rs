@@ -84,33 +84,29 @@ loop_body!(
 /// fuses the multiply and the add.
 #[target_feature(enable = "avx512f")]
 fn tile<const FMA: bool>() -> f64 {
-    // 64 steps of keys (4 vectors each) and queries (3 values each), reused in turn.
-    // 64-byte aligned, as the engine's buffers are not guaranteed to be: an unaligned run
-    // splits every load across two cache lines (runs of a Vec moved between 26 and 43 G).
+    // 64 steps of keys (4 vectors each) and queries (3 values each), reused in turn. The
+    // keys 64-byte aligned: unaligned, every load splits across two cache lines (runs with a
+    // Vec moved between 26 and 43 G). The queries are broadcast one value at a time.
     #[repr(C, align(64))]
-    struct Aligned([f32; 64 * 64]);
-    let mut keys = Box::new(Aligned([0.0; 64 * 64]));
-    let mut queries = Box::new(Aligned([0.0; 64 * 64]));
+    struct Keys([f32; 64 * 64]);
+    let mut keys = Box::new(Keys([0.0; 64 * 64]));
     for (i, k) in keys.0.iter_mut().enumerate() {
         *k = 1.0 + i as f32 * 1e-7;
     }
-    for (i, q) in queries.0.iter_mut().take(64 * 3).enumerate() {
-        *q = 1e-9 * i as f32;
-    }
+    let queries: [f32; 64 * 3] = std::array::from_fn(|i| 1e-9 * i as f32);
     let (keys, queries) = (std::hint::black_box(keys), std::hint::black_box(queries));
     // (An opaque scalar, not an opaque array: the array would stay in memory, a store per
     // update.)
     let mut a = [_mm512_set1_ps(std::hint::black_box(0.0)); ACC];
-    let (kp, qp) = (keys.0.as_ptr(), queries.0.as_ptr());
+    let kp = keys.0.as_ptr();
     for _ in 0..ITERS / 64 {
-        for step in 0..64 {
-            // SAFETY: step < 64, so the loads read keys[step·64..step·64 + 64] and
-            // queries[step·3..step·3 + 3], inside both vectors.
+        for (step, qs) in queries.chunks_exact(3).enumerate() {
+            // SAFETY: step < 64 and n < 4, so the load reads keys[step·64 + n·16..][..16],
+            // inside the 64 · 64 keys.
             let k: [__m512; 4] =
                 std::array::from_fn(|n| unsafe { _mm512_loadu_ps(kp.add(step * 64 + n * 16)) });
-            for r in 0..3 {
-                // SAFETY: as above.
-                let q = _mm512_set1_ps(unsafe { *qp.add(step * 3 + r) });
+            for (r, &qv) in qs.iter().enumerate() {
+                let q = _mm512_set1_ps(qv);
                 for n in 0..4 {
                     let acc = &mut a[r * 4 + n];
                     *acc = if FMA {
@@ -248,14 +244,16 @@ fn main() {
         eprintln!("this spike needs AVX-512 BF16 and VNNI; this CPU lacks one of them");
         std::process::exit(2);
     }
-    // SAFETY (all six): the CPU has AVX-512 F, BF16 and VNNI (checked above); the bodies
-    // touch registers only, and `tile` its own vectors.
-    rate("vmulps + vaddps", 16, || unsafe { mul_add() });
-    rate("vfmadd231ps", 16, || unsafe { fma() });
-    rate("tile, mul + add", 16, || unsafe { tile::<false>() });
-    rate("tile, FMA", 16, || unsafe { tile::<true>() });
-    rate("vdpbf16ps", 32, || unsafe { dpbf16() });
-    rate("vpdpbusd", 64, || unsafe { dpbusd() });
+    // SAFETY: the CPU has AVX-512 F, BF16 and VNNI (checked above), all that these six
+    // functions need; their bodies touch registers only, and `tile` its own arrays.
+    unsafe {
+        rate("vmulps + vaddps", 16, || mul_add());
+        rate("vfmadd231ps", 16, || fma());
+        rate("tile, mul + add", 16, || tile::<false>());
+        rate("tile, FMA", 16, || tile::<true>());
+        rate("vdpbf16ps", 32, || dpbf16());
+        rate("vpdpbusd", 64, || dpbusd());
+    }
 
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     // Biased exponents (first, count) of the two bf16 operands and of the accumulators.
