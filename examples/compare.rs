@@ -44,6 +44,8 @@ struct Args {
     /// embeddings held in int8, per row), native_int8_prequant, native_int8_table8_prequant
     /// (native_int8 and native_int8_table8 read from the folder's model.ruri-int8.safetensors,
     /// written by `ruri quantize` with the same embedding table), candle_f32, candle_bf16.
+    /// A native system's name followed by `_bf16attn` (native_int8_bf16attn, …) runs
+    /// attention's products in bf16 (`AttentionPrecision::Bf16`).
     #[arg(long, default_value = "native_int8,native_fp32")]
     systems: String,
     /// Timed passes over the documents (the median is reported).
@@ -130,6 +132,11 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 
 fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn Embedder>, String> {
     let describe = |e: ruri::Error| ruri::error_chain(&e).to_string();
+    let (system, attention) = match system.strip_suffix("_bf16attn") {
+        Some(base) if base.starts_with("native_") => (base, ruri::native::AttentionPrecision::Bf16),
+        Some(_) => return Err(format!("{system}: only native systems take _bf16attn")),
+        None => (system, ruri::native::AttentionPrecision::F32),
+    };
     let mut batching = ruri::BatchOptions::default();
     if let Some(t) = args.max_batch_tokens {
         batching = batching.max_batch_tokens(t);
@@ -178,6 +185,7 @@ fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn E
                        prequantized| {
         let mut builder = ruri::native::builder()
             .precision(precision)
+            .attention(attention)
             .outlier_channels(outliers)
             .embedding_table(table)
             .prequantized(prequantized)

@@ -13,6 +13,7 @@
 //! same sums on its scores transposed (a column per query), which spares its softmax the
 //! sums and maxima across a vector's lanes ([`attend_head`] chooses; the bits are the same).
 
+use crate::kernels::bf16;
 use crate::kernels::simd_f32;
 
 /// Queries whose scores are computed together: each chunk of keys is loaded once for all,
@@ -38,6 +39,12 @@ pub(crate) struct AttentionScratch {
     kt: Vec<f32>,
     v: Vec<f32>,
     scores: Vec<f32>,
+    /// bf16 attention's packed keys, values, queries and probabilities (`kernels::bf16`).
+    kt16: Vec<u32>,
+    v16: Vec<u32>,
+    q16: Vec<u32>,
+    p16: Vec<u16>,
+    inv: [f32; QUERY_BLOCK],
 }
 
 /// Texts of at most this many positions, all within the window of each other, take
@@ -52,16 +59,25 @@ const _: () = assert!(
 
 /// Attention of one head over `positions` (ascending), into `out`: row `i` is `d` values
 /// at `i · out_stride` (the head's columns of the context rows, written in place).
+///
+/// `bf16`: [`crate::AttentionPrecision::Bf16`]'s products, where they run (every text then
+/// takes [`attend_bf16`]); `None`: f32.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_head(
     head: &Head<'_>,
     positions: &[u32],
     window: usize,
     scale: f32,
+    bf16: Option<bf16::Products>,
     scratch: &mut AttentionScratch,
     out: &mut [f32],
     out_stride: usize,
 ) {
-    if positions.len() <= COLUMNS_MAX_LEN && within_window(positions, window) {
+    if let Some(products) = bf16 {
+        attend_bf16(
+            head, positions, window, scale, products, scratch, out, out_stride,
+        );
+    } else if positions.len() <= COLUMNS_MAX_LEN && within_window(positions, window) {
         attend_columns(head, positions.len(), scale, scratch, out, out_stride);
     } else {
         attend_rows(head, positions, window, scale, scratch, out, out_stride);
@@ -163,27 +179,15 @@ fn attend_rows(
         }
         &scratch.v
     };
-    // A text within the window (every text of up to `window` + 1 positions): every query
-    // sees every key, and no search is needed.
-    let whole = within_window(positions, window);
-    let window_of = |i: usize| {
-        if whole {
-            return (0, len);
-        }
-        let pi = positions[i] as usize;
-        let lo = positions.partition_point(|&p| pi.saturating_sub(p as usize) > window);
-        let hi = positions.partition_point(|&p| (p as usize) <= pi.saturating_add(window));
-        (lo, hi)
-    };
-    let mut first = 0;
-    while first < len {
-        let rows = (len - first).min(QUERY_BLOCK);
-        // Positions ascend, so the block's windows span [lo of its first, hi of its last);
-        // its scores start at a whole group (the extra keys get probability zero).
-        let (lo, _) = window_of(first);
-        let lo = lo / KEY_GRAIN * KEY_GRAIN;
-        let (_, hi) = window_of(first + rows - 1);
-        let width = (hi - lo).div_ceil(KEY_GRAIN) * KEY_GRAIN;
+    for_each_block(positions, window, |b| {
+        let Block {
+            first,
+            rows,
+            lo,
+            hi,
+            width,
+            ref own,
+        } = *b;
         // `scores` writes every one of the block's `rows × width` values: grown, not cleared.
         if scratch.scores.len() < rows * width {
             scratch.scores.resize(rows * width, 0.0);
@@ -202,11 +206,6 @@ fn attend_rows(
         );
         // Zero outside each query's own keys: the block's weighted sum runs over the union
         // [lo, hi), and a zero term changes no sum.
-        let mut own = [(0, 0); QUERY_BLOCK];
-        for (r, o) in own[..rows].iter_mut().enumerate() {
-            let (own_lo, own_hi) = window_of(first + r);
-            *o = (own_lo - lo, own_hi - lo);
-        }
         simd_f32::softmax_rows(scores, width, &own[..rows], scale);
         let o = &mut out[first * out_stride..];
         for r in 0..rows {
@@ -224,8 +223,127 @@ fn attend_rows(
             o,
             out_stride,
         );
+    });
+}
+
+/// A block of queries and the keys it runs over.
+struct Block {
+    /// Its first query and how many (at most [`QUERY_BLOCK`]).
+    first: usize,
+    rows: usize,
+    /// The union of its queries' windows, `[lo, hi)`, `lo` rounded down to a whole group of
+    /// [`KEY_GRAIN`] keys (the extra keys get probability zero) and `width` the keys from
+    /// `lo` on, rounded up to whole groups.
+    lo: usize,
+    hi: usize,
+    width: usize,
+    /// Each query's own keys, from `lo`.
+    own: [(usize, usize); QUERY_BLOCK],
+}
+
+/// Calls `f` on each block of [`QUERY_BLOCK`] queries of a text (`positions` ascending) in
+/// order.
+fn for_each_block(positions: &[u32], window: usize, mut f: impl FnMut(&Block)) {
+    let len = positions.len();
+    // A text within the window (every text of up to `window` + 1 positions): every query
+    // sees every key, and no search is needed.
+    let whole = within_window(positions, window);
+    let window_of = |i: usize| {
+        if whole {
+            return (0, len);
+        }
+        let pi = positions[i] as usize;
+        let lo = positions.partition_point(|&p| pi.saturating_sub(p as usize) > window);
+        let hi = positions.partition_point(|&p| (p as usize) <= pi.saturating_add(window));
+        (lo, hi)
+    };
+    let mut first = 0;
+    while first < len {
+        let rows = (len - first).min(QUERY_BLOCK);
+        // Positions ascend, so the block's windows span [lo of its first, hi of its last).
+        let (lo, _) = window_of(first);
+        let lo = lo / KEY_GRAIN * KEY_GRAIN;
+        let (_, hi) = window_of(first + rows - 1);
+        let width = (hi - lo).div_ceil(KEY_GRAIN) * KEY_GRAIN;
+        let mut own = [(0, 0); QUERY_BLOCK];
+        for (r, o) in own[..rows].iter_mut().enumerate() {
+            let (own_lo, own_hi) = window_of(first + r);
+            *o = (own_lo - lo, own_hi - lo);
+        }
+        f(&Block {
+            first,
+            rows,
+            lo,
+            hi,
+            width,
+            own,
+        });
         first += rows;
     }
+}
+
+/// [`AttentionPrecision::Bf16`]'s attention of one head (`kernels::bf16` defines the
+/// arithmetic), in the blocks of [`attend_rows`], for texts of every length: q, k, v and
+/// the probabilities packed as bfloat16 pairs, the two products by `products`.
+#[allow(clippy::too_many_arguments)]
+fn attend_bf16(
+    head: &Head<'_>,
+    positions: &[u32],
+    window: usize,
+    scale: f32,
+    products: bf16::Products,
+    scratch: &mut AttentionScratch,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let (len, d, stride) = (positions.len(), head.d, head.stride);
+    let AttentionScratch {
+        kt16,
+        v16,
+        q16,
+        p16,
+        scores,
+        inv,
+        ..
+    } = scratch;
+    bf16::pack_keys(head.k, stride, len, d, kt16);
+    bf16::pack_values(head.v, stride, len, d, v16);
+    let half = d / 2;
+    q16.resize(QUERY_BLOCK * half, 0);
+    for_each_block(positions, window, |b| {
+        let Block {
+            first,
+            rows,
+            lo,
+            hi,
+            width,
+            ref own,
+        } = *b;
+        // Every value of the block's scores and probabilities is written before it is read:
+        // grown, not cleared.
+        if scores.len() < rows * width {
+            scores.resize(rows * width, 0.0);
+        }
+        if p16.len() < rows * width {
+            p16.resize(rows * width, 0);
+        }
+        let s = &mut scores[..rows * width];
+        let p = &mut p16[..rows * width];
+        bf16::pack_queries(&head.q[first * stride..], stride, rows, d, q16);
+        let groups = width / bf16::LANES;
+        products.scores(q16, rows, d, kt16, lo / bf16::LANES, groups, s);
+        bf16::softmax(s, width, &own[..rows], scale, p, inv);
+        // Key pairs from `lo` (even) to `hi`, the last one completed by a zero weight.
+        let pairs = (hi - lo).div_ceil(2);
+        let o = &mut out[first * out_stride..];
+        products.weighted_sum(p, rows, width, &v16[lo / 2 * d..], pairs, d, o, out_stride);
+        // Normalized at the end.
+        for (r, &inv) in inv[..rows].iter().enumerate() {
+            for x in &mut o[r * out_stride..r * out_stride + d] {
+                *x *= inv;
+            }
+        }
+    });
 }
 
 #[cfg(test)]
@@ -296,6 +414,67 @@ mod tests {
                     prop_assert!(row[offset..offset + d].iter().all(|&x| x != 7.5 && x.is_finite()));
                 }
             }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+        /// bf16 attention: the same bits from the portable loops and from the tiles (where
+        /// this CPU has them), on texts within and beyond the window, with gaps in the
+        /// positions (a packed text's positions need not be consecutive), heads of widths
+        /// the tiles take and one they do not; and every output finite, the other columns
+        /// kept.
+        #[test]
+        fn bf16_products_give_the_same_bits_everywhere(
+            len in prop_oneof![1usize..=40, Just(97usize), Just(300usize)],
+            d in prop_oneof![Just(64usize), Just(16usize), Just(24usize)],
+            window in prop_oneof![Just(8usize), Just(64usize), Just(usize::MAX / 2)],
+            gaps in any::<bool>(),
+            seed in any::<u64>(),
+        ) {
+            let h = 2 * d + 16;
+            let mut state = seed | 1;
+            let qkv: Vec<f32> = (0..len * 3 * h)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 6.0
+                })
+                .collect();
+            let positions: Vec<u32> = (0..len as u32)
+                .map(|i| if gaps { i * 3 + i % 2 } else { i })
+                .collect();
+            let run = |products: bf16::Products| {
+                let head = Head {
+                    q: &qkv[d..],
+                    k: &qkv[h + d..],
+                    v: &qkv[2 * h + d..],
+                    stride: 3 * h,
+                    d,
+                };
+                let mut out = vec![7.5f32; len * h];
+                let mut scratch = AttentionScratch::default();
+                attend_head(
+                    &head,
+                    &positions,
+                    window,
+                    0.125,
+                    Some(products),
+                    &mut scratch,
+                    &mut out[d..],
+                    h,
+                );
+                out
+            };
+            let portable = run(bf16::Products::Portable);
+            for row in portable.chunks_exact(h) {
+                prop_assert!(row[..d].iter().chain(&row[2 * d..]).all(|&x| x == 7.5));
+                prop_assert!(row[d..2 * d].iter().all(|x| x.is_finite()));
+            }
+            let tiles = run(bf16::Products::detect());
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            prop_assert_eq!(bits(&tiles), bits(&portable));
         }
     }
 

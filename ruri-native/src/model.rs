@@ -17,7 +17,7 @@ use crate::linear::{
     detect_writers, geglu_mlp, quantize_row,
 };
 use crate::weights::Safetensors;
-use crate::{EmbeddingTable, Precision};
+use crate::{AttentionPrecision, EmbeddingTable, Precision};
 
 /// Rotary tables are kept for positions below this; longer texts compute theirs per call.
 const ROPE_CACHED: usize = 1024;
@@ -135,6 +135,8 @@ pub(crate) struct LoadOptions {
     pub(crate) kernel: Kernel,
     pub(crate) outliers: bool,
     pub(crate) table: EmbeddingTable,
+    /// Not recorded in ruri's int8 file: it changes no weight.
+    pub(crate) attention: AttentionPrecision,
 }
 
 /// The token-embedding table as the model holds it.
@@ -540,7 +542,10 @@ impl Assembler {
         let head_dim = config.head_dim();
         let cached = config.max_position_embeddings.min(ROPE_CACHED);
         let LoadOptions {
-            precision, kernel, ..
+            precision,
+            kernel,
+            attention,
+            ..
         } = self.options;
         Ok(Model {
             emb_norm: self
@@ -554,6 +559,8 @@ impl Assembler {
             rope_local: Rope::new(config.local_rope_theta, head_dim, cached),
             eps: config.norm_eps as f32,
             kernel: (precision == Precision::Int8).then_some(kernel),
+            kernel_choice: kernel,
+            attention,
             config: self.config,
             table,
         })
@@ -617,6 +624,9 @@ pub(crate) struct Model {
     rope_local: Rope,
     eps: f32,
     kernel: Option<Kernel>,
+    /// The kernel chosen, at either precision ([`Self::bf16_products`] reads it).
+    kernel_choice: Kernel,
+    attention: AttentionPrecision,
 }
 
 /// Tokens of the texts of one call, laid end to end.
@@ -767,6 +777,22 @@ impl Model {
         self.kernel
     }
 
+    pub(crate) fn attention(&self) -> AttentionPrecision {
+        self.attention
+    }
+
+    /// Where bf16 attention's products run (`None`: attention in f32): the portable loops
+    /// under [`Kernel::Scalar`] (plain Rust everywhere the instructions could differ, so
+    /// that the tests compare the tiles with them through the whole model), else the
+    /// tiles where this CPU has them.
+    fn bf16_products(&self) -> Option<crate::kernels::bf16::Products> {
+        use crate::kernels::bf16::Products;
+        (self.attention == AttentionPrecision::Bf16).then(|| match self.kernel_choice {
+            Kernel::Scalar => Products::Portable,
+            _ => Products::detect(),
+        })
+    }
+
     pub(crate) fn max_positions(&self) -> usize {
         self.config.max_position_embeddings
     }
@@ -892,12 +918,13 @@ impl Model {
                 rope.apply_heads(row, 2 * heads, d, p as usize, &mut s.angles);
             }
             let ctx = &mut s.ctx[range.start * h..range.end * h];
+            let precision = self.bf16_products();
             attend(
                 qkv,
                 positions,
-                heads,
-                d,
+                (heads, d),
                 window,
+                precision,
                 ctx,
                 pool,
                 &mut s.attention,
@@ -974,9 +1001,9 @@ const HEAD_SPLIT_MIN_TOKENS: usize = 8;
 fn attend(
     qkv: &[f32],
     positions: &[u32],
-    heads: usize,
-    d: usize,
+    (heads, d): (usize, usize),
     window: usize,
+    precision: Option<crate::kernels::bf16::Products>,
     ctx: &mut [f32],
     pool: Option<&rayon::ThreadPool>,
     scratch: &mut AttentionScratch,
@@ -1029,7 +1056,7 @@ fn attend(
                         };
                         out.resize(len * d, 0.0);
                         let scratch = &mut AttentionScratch::default();
-                        attend_head(&own, positions, window, scale, scratch, out, d);
+                        attend_head(&own, positions, window, scale, precision, scratch, out, d);
                     });
                 }
             });
@@ -1042,7 +1069,8 @@ fn attend(
         _ => {
             for head in 0..heads {
                 let out = &mut ctx[head * d..];
-                attend_head(&head_of(head), positions, window, scale, scratch, out, h);
+                let head = head_of(head);
+                attend_head(&head, positions, window, scale, precision, scratch, out, h);
             }
         }
     }

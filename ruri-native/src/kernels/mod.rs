@@ -32,6 +32,7 @@
 
 #[cfg(target_arch = "aarch64")]
 mod aarch64;
+pub(crate) mod bf16;
 pub(crate) mod simd_f32;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod wasm;
@@ -39,6 +40,8 @@ mod wasm;
 mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_amx;
+#[cfg(target_arch = "x86_64")]
+mod x86_bf16;
 #[cfg(target_arch = "x86_64")]
 mod x86_f32;
 
@@ -54,7 +57,9 @@ pub(crate) const K_ALIGN: usize = 4;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Kernel {
-    /// Plain Rust: every CPU; the reference of the others.
+    /// Plain Rust: every CPU; the reference of the others. It also keeps
+    /// [`AttentionPrecision::Bf16`](crate::AttentionPrecision::Bf16)'s products in plain
+    /// Rust where the CPU has AVX-512 BF16 (the same bits; the tests compare the two).
     Scalar,
     /// x86-64 AVX2: 16-bit multiply-adds of sign-extended bytes.
     Avx2,

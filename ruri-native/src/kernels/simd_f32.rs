@@ -34,6 +34,8 @@ macro_rules! multiversion {
     };
 }
 
+pub(crate) use multiversion;
+
 /// Keys per group of the transposed keys that [`scores`] reads.
 pub(crate) const KEY_GROUP: usize = VEC;
 

@@ -1,0 +1,613 @@
+//! The arithmetic of [`AttentionPrecision::Bf16`](crate::AttentionPrecision::Bf16):
+//! attention's two products on bfloat16 inputs with f32 sums, defined so that AVX-512 BF16's
+//! `vdpbf16ps` computes it in one instruction per 32 multiply-adds, and written here in
+//! portable Rust with the same bits (every CPU without the instruction runs this; the
+//! instruction's tiles, `x86_bf16`, are checked against it).
+//!
+//! The definition, per head of one text:
+//!
+//! * [`to_bf16`]: q (rotated), k, v and the probabilities are rounded to bfloat16, to
+//!   nearest even; a subnormal becomes a zero of its sign (as `vcvtne2ps2bf16` treats
+//!   denormals), a NaN a quiet NaN.
+//! * [`dot_pair`]: `acc` plus a pair of products, the odd element's product first, then the
+//!   even one's (the order of the Intel SDM's pseudo-code for `vdpbf16ps`), each product
+//!   exact, each sum rounded once to f32 and flushed to a zero of its sign if subnormal.
+//! * A score is `dot_pair` folded over the head's channel pairs `(2c, 2c + 1)` in order,
+//!   from `+0`. The softmax of a query's own keys ([`softmax`]), normalized at the end as
+//!   flash attention does: `t = s · scale`, the max, `e = exp(t − max)` ([`exp_nonpositive`]),
+//!   a total in 16 partial sums of the f32 `e`s (key `j` of the text in partial `j mod 16`,
+//!   keys in order; then the partials in order, from `+0`), and the weights `to_bf16(e)`
+//!   (0 for the other keys). An output channel is `dot_pair` folded over the text's key
+//!   pairs `(2j, 2j + 1)` in order, from `+0`, then times `1 / total` (one rounding each).
+//!
+//! Zero terms change no sum (an exact zero product added to a sum that is never subnormal),
+//! so a block of queries may run over the union of their windows, and the value of a text's
+//! vector does not depend on which other texts share its call. Nothing here fuses a multiply
+//! and an add, so every compiled copy ([`multiversion`]) gives the same bits.
+//! `tools/testdata/int8_reference.py --attention bf16` writes the same definition in NumPy.
+
+use super::simd_f32::multiversion;
+
+/// Keys per group of the packed keys (one AVX-512 vector of f32 scores).
+pub(crate) const LANES: usize = 16;
+
+/// The bfloat16 nearest to `x` (ties to even), as the top half of its f32 bits, in the low
+/// 16 bits of the result: a subnormal gives a zero of its sign, a NaN a quiet NaN, and
+/// values beyond bfloat16's largest round to infinity.
+#[inline(always)]
+pub(crate) fn to_bf16(x: f32) -> u32 {
+    let b = x.to_bits();
+    let rounded = b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16;
+    let quiet_nan = (b >> 16) | 0x0040;
+    let zero = (b >> 16) & 0x8000;
+    // Selects, not branches: the loops that call this vectorize.
+    let finite = if b & 0x7fff_ffff > 0x7f80_0000 {
+        quiet_nan
+    } else {
+        rounded
+    };
+    if b & 0x7f80_0000 == 0 { zero } else { finite }
+}
+
+/// Two values as one packed pair: `lo` in the low half (the even element), `hi` in the high.
+#[inline(always)]
+pub(crate) fn pair(lo: f32, hi: f32) -> u32 {
+    to_bf16(lo) | (to_bf16(hi) << 16)
+}
+
+/// The even (low) and odd (high) bfloat16 of a packed pair, as f32.
+#[inline(always)]
+fn unpair(x: u32) -> (f32, f32) {
+    (f32::from_bits(x << 16), f32::from_bits(x & 0xffff_0000))
+}
+
+/// A subnormal `x` as a zero of its sign; anything else as it is.
+#[inline(always)]
+fn flush(x: f32) -> f32 {
+    if x.abs() < f32::MIN_POSITIVE {
+        0.0f32.copysign(x)
+    } else {
+        x
+    }
+}
+
+/// `acc` plus the products of two packed pairs, odd element first: each product is exact
+/// (two 8-bit significands: exact in f64, whatever their exponents) and each sum one
+/// rounding to f32 (an f64 sum of an f32 and a product of two bfloat16, rounded to f32,
+/// rounds once: f64 has more than twice f32's significand plus two bits), flushed when
+/// subnormal. What one lane of `vdpbf16ps` does (`x86_bf16` checks that at run time).
+#[inline(always)]
+pub(crate) fn dot_pair(acc: f32, a: u32, b: u32) -> f32 {
+    let (a_even, a_odd) = unpair(a);
+    let (b_even, b_odd) = unpair(b);
+    let t = flush((f64::from(acc) + f64::from(a_odd) * f64::from(b_odd)) as f32);
+    flush((f64::from(t) + f64::from(a_even) * f64::from(b_even)) as f32)
+}
+
+/// Queries packed: `out[r · d/2 + c] = pair(q[r][2c], q[r][2c + 1])` for `rows` rows of `d`
+/// (even) at a stride of `stride`.
+pub(crate) fn pack_queries(q: &[f32], stride: usize, rows: usize, d: usize, out: &mut [u32]) {
+    let half = d / 2;
+    assert!(d.is_multiple_of(2) && super::simd_f32::holds_rows(q.len(), rows, stride, d));
+    for (r, o) in out[..rows * half].chunks_exact_mut(half).enumerate() {
+        let row = &q[r * stride..r * stride + d];
+        for (o, two) in o.iter_mut().zip(row.chunks_exact(2)) {
+            *o = pair(two[0], two[1]);
+        }
+    }
+}
+
+multiversion! {
+    /// Keys packed group by group, as [`Products::scores`] reads them: `out[(g · d/2 + c) · 16 + i] =
+    /// pair(k[16g + i][2c], k[16g + i][2c + 1])` for the `len` rows of `k` (row `j` is `d`
+    /// values at `j · stride`, `d` even), 0 past the last key; `out` is resized to
+    /// `⌈len / 16⌉ · d/2 · 16`.
+    fn pack_keys / pack_keys_body(k: &[f32], stride: usize, len: usize, d: usize, out: &mut Vec<u32>)
+}
+
+multiversion! {
+    /// Values packed by pairs of keys, as [`Products::weighted_sum`] reads them: `out[p · d + c] =
+    /// pair(v[2p][c], v[2p + 1][c])`, with a zero for the key past the last of an odd
+    /// `len`; `out` is resized to `⌈len / 2⌉ · d`.
+    fn pack_values / pack_values_body(v: &[f32], stride: usize, len: usize, d: usize, out: &mut Vec<u32>)
+}
+
+multiversion! {
+    /// Each of a block's rows (`s`: `own.len()` rows of `width` scores, `width` a multiple
+    /// of 16, the row's first key a multiple of 16 in the text) softmaxed over its own keys
+    /// `own[r].0..own[r].1` as the module's definition says, unnormalized: `p` gets the
+    /// bfloat16 weights (`own.len()` rows of `width`, 0 outside the own keys) and
+    /// `inv[r]` the row's `1 / total`.
+    fn softmax / softmax_body(s: &[f32], width: usize, own: &[(usize, usize)], scale: f32, p: &mut [u16], inv: &mut [f32])
+}
+
+/// 2³·1.5 · 2²⁰ = 1.5 · 2²³ (see [`crate::math::ROUND_MAGIC`]).
+const ROUND_MAGIC: f32 = crate::math::ROUND_MAGIC;
+
+/// eˣ for the softmax's `x = t − max ≤ 0`, to bfloat16's needs, from IEEE operations only
+/// (no fused multiply-add): `x` raised to −87 if below (a NaN stays), `x = n·ln 2 + r`
+/// (`n = rint(x · log₂e)` by the 1.5 · 2²³ addition, ln 2 in two parts), `e^r` by its
+/// Taylor polynomial to r⁵ in Horner's steps (relative error below 3e-6 for |r| ≤ 0.35,
+/// against bfloat16's 2⁻⁹), times 2ⁿ built from the exponent bits (`n` in −126..=0, so the
+/// result is a normal f32).
+#[inline(always)]
+pub(crate) fn exp_nonpositive(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    let x = if -87.0 > x { -87.0 } else { x };
+    let shifted = x * LOG2E + ROUND_MAGIC;
+    let n = shifted - ROUND_MAGIC;
+    let r = (x - n * LN2_HI) - n * LN2_LO;
+    let p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0)))));
+    let n = (shifted.to_bits() as i32).wrapping_sub(ROUND_MAGIC.to_bits() as i32);
+    p * f32::from_bits((n.wrapping_add(127) as u32) << 23)
+}
+
+/// Where a block's two products run: the same bits either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Products {
+    /// This module's loops: every CPU.
+    Portable,
+    /// `x86_bf16`'s `vdpbf16ps` tiles.
+    #[cfg(target_arch = "x86_64")]
+    Avx512Bf16,
+}
+
+impl Products {
+    /// The tiles where this CPU has them and they agree with the portable code.
+    pub(crate) fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if super::x86_bf16::available() {
+            return Products::Avx512Bf16;
+        }
+        Products::Portable
+    }
+
+    /// `out[r][16·g + i]` = the score of query `r` (`q`: rows of `d/2` packed pairs from
+    /// [`pack_queries`]) against key `16 · (g_lo + g) + i` (`kt` from [`pack_keys`]), for
+    /// `rows` queries and `groups` groups.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn scores(
+        self,
+        q: &[u32],
+        rows: usize,
+        d: usize,
+        kt: &[u32],
+        g_lo: usize,
+        groups: usize,
+        out: &mut [f32],
+    ) {
+        match self {
+            Products::Portable => scores_portable(q, rows, d, kt, g_lo, groups, out),
+            #[cfg(target_arch = "x86_64")]
+            Products::Avx512Bf16 => super::x86_bf16::scores(q, rows, d, kt, g_lo, groups, out),
+        }
+    }
+
+    /// `out[r][c]` (row `r` at `r · out_stride`, `d` channels) = [`dot_pair`] folded from
+    /// `+0` over the `pairs` key pairs of `p`'s row `r` (bfloat16 weights, a key each, rows
+    /// `p_row` apart: even) against
+    /// `v`'s pairs ([`pack_values`]' layout, from the block's first pair). Written, not added
+    /// to. The tiles take `d` a multiple of 16; other widths run the portable loops.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn weighted_sum(
+        self,
+        p: &[u16],
+        rows: usize,
+        p_row: usize,
+        v: &[u32],
+        pairs: usize,
+        d: usize,
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Products::Avx512Bf16 if d.is_multiple_of(LANES) => {
+                super::x86_bf16::weighted_sum(p, rows, p_row, v, pairs, d, out, out_stride)
+            }
+            _ => weighted_sum_portable(p, rows, p_row, v, pairs, d, out, out_stride),
+        }
+    }
+}
+
+multiversion! {
+    /// [`Products::scores`] in this module's loops.
+    fn scores_portable / scores_body(q: &[u32], rows: usize, d: usize, kt: &[u32], g_lo: usize, groups: usize, out: &mut [f32])
+}
+
+multiversion! {
+    /// [`Products::weighted_sum`] in this module's loops.
+    fn weighted_sum_portable / weighted_sum_body(p: &[u16], rows: usize, p_row: usize, v: &[u32], pairs: usize, d: usize, out: &mut [f32], out_stride: usize)
+}
+
+#[inline(always)]
+fn pack_keys_body(k: &[f32], stride: usize, len: usize, d: usize, out: &mut Vec<u32>) {
+    assert!(d.is_multiple_of(2) && super::simd_f32::holds_rows(k.len(), len, stride, d));
+    let half = d / 2;
+    let groups = len.div_ceil(LANES);
+    out.clear();
+    out.resize(groups * half * LANES, 0);
+    for j in 0..len {
+        let row = &k[j * stride..j * stride + d];
+        let group = &mut out[(j / LANES) * half * LANES..(j / LANES + 1) * half * LANES];
+        for (c, two) in row.chunks_exact(2).enumerate() {
+            group[c * LANES + j % LANES] = pair(two[0], two[1]);
+        }
+    }
+}
+
+#[inline(always)]
+fn pack_values_body(v: &[f32], stride: usize, len: usize, d: usize, out: &mut Vec<u32>) {
+    assert!(super::simd_f32::holds_rows(v.len(), len, stride, d));
+    out.clear();
+    out.resize(len.div_ceil(2) * d, 0);
+    for (p, o) in out.chunks_exact_mut(d.max(1)).enumerate() {
+        let even = &v[2 * p * stride..2 * p * stride + d];
+        if 2 * p + 1 < len {
+            let odd = &v[(2 * p + 1) * stride..(2 * p + 1) * stride + d];
+            for ((o, &lo), &hi) in o.iter_mut().zip(even).zip(odd) {
+                *o = pair(lo, hi);
+            }
+        } else {
+            for (o, &lo) in o.iter_mut().zip(even) {
+                *o = pair(lo, 0.0);
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn scores_body(
+    q: &[u32],
+    rows: usize,
+    d: usize,
+    kt: &[u32],
+    g_lo: usize,
+    groups: usize,
+    out: &mut [f32],
+) {
+    let half = d / 2;
+    let width = groups * LANES;
+    assert!(q.len() >= rows * half && kt.len() >= (g_lo + groups) * half * LANES);
+    assert!(out.len() >= rows * width);
+    for r in 0..rows {
+        let qr = &q[r * half..(r + 1) * half];
+        for g in 0..groups {
+            let group = &kt[(g_lo + g) * half * LANES..(g_lo + g + 1) * half * LANES];
+            let mut acc = [0.0f32; LANES];
+            for (&qc, keys) in qr.iter().zip(group.chunks_exact(LANES)) {
+                for (a, &k) in acc.iter_mut().zip(keys) {
+                    *a = dot_pair(*a, qc, k);
+                }
+            }
+            out[r * width + g * LANES..r * width + (g + 1) * LANES].copy_from_slice(&acc);
+        }
+    }
+}
+
+/// [`to_bf16`] of an exp of [`exp_nonpositive`] (a normal f32 in [2⁻¹²⁶, 1], or 0, or
+/// NaN): rounding to nearest even alone, since no subnormal comes in. A NaN may come out as
+/// another NaN or an infinity, but it came from a NaN score, which made the row's total,
+/// and so every output of the row, NaN already.
+#[inline(always)]
+fn weight(e: f32) -> u16 {
+    let b = e.to_bits();
+    (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16
+}
+
+/// Weights `j` and `j + 1` of `p` as a packed pair.
+#[inline(always)]
+pub(crate) fn pair_at(p: &[u16], j: usize) -> u32 {
+    u32::from(p[j]) | (u32::from(p[j + 1]) << 16)
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn weighted_sum_body(
+    p: &[u16],
+    rows: usize,
+    p_row: usize,
+    v: &[u32],
+    pairs: usize,
+    d: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    assert!(p_row.is_multiple_of(2));
+    assert!(rows == 0 || pairs == 0 || (rows - 1) * p_row + 2 * pairs <= p.len());
+    assert!(v.len() >= pairs * d);
+    assert!(super::simd_f32::holds_rows(out.len(), rows, out_stride, d));
+    for r in 0..rows {
+        let o = &mut out[r * out_stride..r * out_stride + d];
+        o.fill(0.0);
+        for (jp, vj) in v.chunks_exact(d).take(pairs).enumerate() {
+            let pj = pair_at(p, r * p_row + 2 * jp);
+            for (a, &x) in o.iter_mut().zip(vj) {
+                *a = dot_pair(*a, pj, x);
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn softmax_body(
+    s: &[f32],
+    width: usize,
+    own: &[(usize, usize)],
+    scale: f32,
+    p: &mut [u16],
+    inv: &mut [f32],
+) {
+    let rows = own.len();
+    assert!(width.is_multiple_of(LANES) && s.len() >= rows * width);
+    assert!(p.len() >= rows * width && inv.len() >= rows);
+    for (r, &(lo, hi)) in own.iter().enumerate() {
+        assert!(lo <= hi && hi <= width);
+        let blocks = s[r * width..(r + 1) * width].as_chunks::<LANES>().0;
+        let weights = p[r * width..(r + 1) * width].as_chunks_mut::<LANES>().0;
+        // The blocks of LANES that hold own keys (the others' weights are 0): the first and
+        // the last may hold others too (their lanes are masked), those between do not (their
+        // loops vectorize plainly).
+        let (b_lo, b_hi) = (lo / LANES, hi.div_ceil(LANES));
+        let (whole_lo, whole_hi) = (lo.div_ceil(LANES), hi / LANES);
+        let edges = [b_lo, b_hi.saturating_sub(1)];
+        let masked = |b: usize| (b_lo..b_hi).contains(&b) && !(whole_lo..whole_hi).contains(&b);
+        // Lane i of block b is own iff b·LANES + i is in lo..hi.
+        let own_lane = |b: usize| {
+            let mut own = [false; LANES];
+            for (i, o) in own.iter_mut().enumerate() {
+                *o = (lo..hi).contains(&(b * LANES + i));
+            }
+            own
+        };
+        // The max of the scaled scores (a max is exact: its order does not matter).
+        let mut lanes = [f32::NEG_INFINITY; LANES];
+        // `if t > m` (one `vmaxps`), not `f32::max` (which also orders NaNs): a NaN score
+        // is left out of the max, and makes its own weight and the total NaN anyway.
+        for block in &blocks[whole_lo.min(whole_hi)..whole_hi] {
+            for (m, &x) in lanes.iter_mut().zip(block) {
+                let t = x * scale;
+                *m = if t > *m { t } else { *m };
+            }
+        }
+        for b in edges.into_iter().filter(|&b| masked(b)) {
+            for ((m, &x), own) in lanes.iter_mut().zip(&blocks[b]).zip(own_lane(b)) {
+                let t = x * scale;
+                *m = if own && t > *m { t } else { *m };
+            }
+        }
+        let max = lanes
+            .iter()
+            .fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m });
+        // exp(t − max), the partial sums and the weights, block after block (each lane's sum
+        // in key order): the first block if masked, the whole ones, the last if masked.
+        let mut partial = [0.0f32; LANES];
+        let masked_block = |b: usize, w: &mut [u16; LANES], partial: &mut [f32; LANES]| {
+            for (((w, acc), &x), own) in w
+                .iter_mut()
+                .zip(partial.iter_mut())
+                .zip(&blocks[b])
+                .zip(own_lane(b))
+            {
+                let e = exp_nonpositive(x * scale - max);
+                let e = if own { e } else { 0.0 };
+                *acc += e;
+                *w = weight(e);
+            }
+        };
+        if masked(b_lo) {
+            masked_block(b_lo, &mut weights[b_lo], &mut partial);
+        }
+        for (block, w) in blocks[..whole_hi]
+            .iter()
+            .zip(weights[..whole_hi].iter_mut())
+            .skip(whole_lo)
+        {
+            for ((w, acc), &x) in w.iter_mut().zip(&mut partial).zip(block) {
+                let e = exp_nonpositive(x * scale - max);
+                *acc += e;
+                *w = weight(e);
+            }
+        }
+        if b_hi > b_lo && b_hi - 1 != b_lo && masked(b_hi - 1) {
+            masked_block(b_hi - 1, &mut weights[b_hi - 1], &mut partial);
+        }
+        weights[..b_lo].iter_mut().for_each(|w| w.fill(0));
+        weights[b_hi..].iter_mut().for_each(|w| w.fill(0));
+        let total = partial.iter().fold(0.0f32, |t, &x| t + x);
+        inv[r] = 1.0 / total;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// An f32 from its bfloat16 bits.
+    fn widen(b: u32) -> f32 {
+        f32::from_bits(b << 16)
+    }
+
+    #[test]
+    fn rounding_to_bf16_follows_the_definition() {
+        // Exact values stay; halfway cases go to the even neighbour.
+        assert_eq!(to_bf16(1.0), 0x3f80);
+        assert_eq!(to_bf16(f32::from_bits(0x3f80_8000)), 0x3f80);
+        assert_eq!(to_bf16(f32::from_bits(0x3f81_8000)), 0x3f82);
+        assert_eq!(to_bf16(f32::from_bits(0x3f80_8001)), 0x3f81);
+        assert_eq!(to_bf16(-2.5), 0xc020);
+        // Subnormals become zeros of their sign; infinities stay; NaNs are quieted.
+        assert_eq!(to_bf16(f32::from_bits(0x0000_0001)), 0x0000);
+        assert_eq!(to_bf16(f32::from_bits(0x8040_0000)), 0x8000);
+        assert_eq!(to_bf16(f32::INFINITY), 0x7f80);
+        assert_eq!(to_bf16(f32::NEG_INFINITY), 0xff80);
+        assert_eq!(to_bf16(f32::from_bits(0x7f80_0001)), 0x7fc0);
+        assert!(widen(to_bf16(f32::NAN)).is_nan());
+        // The largest finite f32 rounds up to infinity; the smallest normal stays.
+        assert_eq!(to_bf16(f32::MAX), 0x7f80);
+        assert_eq!(to_bf16(f32::MIN_POSITIVE), 0x0080);
+    }
+
+    #[test]
+    fn a_pair_takes_the_odd_product_first_and_flushes() {
+        let e = 2f32.powi(-12);
+        // Odd product 2⁻²⁴ (half an ulp of 1: the tie goes to 1), then the even one, −2⁻²⁴:
+        // 1 − 2⁻²⁴. Even first would give 1 − 2⁻²⁴ + 2⁻²⁴ = 1; the pair summed first, or one
+        // rounding at the end, 1 as well.
+        let got = dot_pair(1.0, pair(-e, e), pair(e, e));
+        assert_eq!(got, 1.0 - 2f32.powi(-24));
+        // Two products that each vanish into the tie: 1; summed first they would make
+        // 1 + 2⁻²³.
+        assert_eq!(dot_pair(1.0, pair(e, e), pair(e, e)), 1.0);
+        // A subnormal sum is flushed to a zero of its sign: 2⁻⁶⁴ · 2⁻⁶⁴ = 2⁻¹²⁸.
+        let s = 2f32.powi(-64);
+        assert_eq!(dot_pair(0.0, pair(0.0, s), pair(0.0, s)).to_bits(), 0);
+        let negative = dot_pair(0.0, pair(-0.0, -s), pair(0.0, s));
+        assert_eq!(negative.to_bits(), 0x8000_0000);
+    }
+
+    fn values(seed: u64, n: usize, spread: f32) -> Vec<f32> {
+        let mut state = seed | 1;
+        (0..n)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * spread
+            })
+            .collect()
+    }
+
+    /// The definition written out one value at a time: the weights and `1 / total`.
+    fn softmax_by_definition(s: &[f32], lo: usize, hi: usize, scale: f32) -> (Vec<u32>, f32) {
+        let t: Vec<f32> = s.iter().map(|&x| x * scale).collect();
+        let max = t[lo..hi].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        let e: Vec<f32> = (0..s.len())
+            .map(|j| {
+                if (lo..hi).contains(&j) {
+                    exp_nonpositive(t[j] - max)
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let mut partial = [0.0f32; 16];
+        for (j, &x) in e.iter().enumerate() {
+            partial[j % 16] += x;
+        }
+        let mut total = 0.0f32;
+        for x in partial {
+            total += x;
+        }
+        (e.iter().map(|&x| to_bf16(x)).collect(), 1.0 / total)
+    }
+
+    #[test]
+    fn exp_nonpositive_is_close_to_f64() {
+        let mut worst = 0.0f64;
+        for i in 0..=200_000 {
+            let x = -87.0 * i as f32 / 200_000.0;
+            let want = f64::from(x).exp();
+            let got = f64::from(exp_nonpositive(x));
+            worst = worst.max((got - want).abs() / want);
+        }
+        assert!(worst < 4e-6, "relative error {worst}");
+        assert_eq!(exp_nonpositive(0.0), 1.0);
+        assert!(exp_nonpositive(-1000.0).is_normal());
+        assert!(exp_nonpositive(f32::NAN).is_nan());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn softmax_follows_the_definition(
+            blocks in 1usize..6,
+            lo in 0usize..40,
+            n in 1usize..60,
+            seed in any::<u64>(),
+            spread in prop_oneof![Just(1.0f32), Just(60.0f32)],
+        ) {
+            let width = blocks * 16;
+            let lo = lo.min(width - 1);
+            let hi = (lo + n).min(width);
+            let rows = 2;
+            let s = values(seed, rows * width, spread);
+            let expected: Vec<(Vec<u32>, f32)> = s
+                .chunks_exact(width)
+                .map(|row| softmax_by_definition(row, lo, hi, 0.25))
+                .collect();
+            let (mut p, mut inv) = (vec![7u16; rows * width], [0.0f32; 2]);
+            softmax(&s, width, &[(lo, hi), (lo, hi)], 0.25, &mut p, &mut inv);
+            for (r, (want, want_inv)) in expected.iter().enumerate() {
+                let got: Vec<u32> = p[r * width..(r + 1) * width]
+                    .iter()
+                    .map(|&x| u32::from(x))
+                    .collect();
+                prop_assert_eq!(&got, want);
+                prop_assert_eq!(inv[r].to_bits(), want_inv.to_bits());
+            }
+        }
+
+        #[test]
+        fn scores_and_weighted_sums_follow_the_definition(
+            len in 1usize..50,
+            d in prop_oneof![Just(2usize), Just(16usize), Just(24usize)],
+            seed in any::<u64>(),
+        ) {
+            let stride = d + 3;
+            let k = values(seed, len * stride, 4.0);
+            let q = values(seed ^ 1, 3 * stride, 4.0);
+            let v = values(seed ^ 2, len * stride, 4.0);
+            let (mut qp, mut kt, mut vp) = (vec![0; 3 * d / 2], Vec::new(), Vec::new());
+            pack_queries(&q, stride, 3, d, &mut qp);
+            pack_keys(&k, stride, len, d, &mut kt);
+            pack_values(&v, stride, len, d, &mut vp);
+            let groups = len.div_ceil(16);
+            let mut s = vec![f32::NAN; 3 * groups * 16];
+            scores_portable(&qp, 3, d, &kt, 0, groups, &mut s);
+            let bf = |x: f32| widen(to_bf16(x));
+            for r in 0..3 {
+                for j in 0..groups * 16 {
+                    let mut acc = 0.0f32;
+                    for c in 0..d / 2 {
+                        let key = |c: usize| if j < len { bf(k[j * stride + c]) } else { 0.0 };
+                        let query = |c: usize| bf(q[r * stride + c]);
+                        acc = dot_pair(
+                            acc,
+                            pair(query(2 * c), query(2 * c + 1)),
+                            pair(key(2 * c), key(2 * c + 1)),
+                        );
+                    }
+                    prop_assert_eq!(s[r * groups * 16 + j].to_bits(), acc.to_bits());
+                }
+            }
+            // Probabilities of any values, as packed pairs of rows of `width / 2`.
+            let width = groups * 16;
+            let probs = values(seed ^ 3, 3 * width, 1.0);
+            let pp: Vec<u16> = probs.iter().map(|&x| to_bf16(x) as u16).collect();
+            let pairs = len.div_ceil(2);
+            let mut out = vec![9.0f32; 3 * stride];
+            weighted_sum_portable(&pp, 3, width, &vp, pairs, d, &mut out, stride);
+            for r in 0..3 {
+                for c in 0..d {
+                    let mut acc = 0.0f32;
+                    for jp in 0..pairs {
+                        let value = |j: usize| if j < len { bf(v[j * stride + c]) } else { 0.0 };
+                        let p = |j: usize| bf(probs[r * width + j]);
+                        acc = dot_pair(
+                            acc,
+                            pair(p(2 * jp), p(2 * jp + 1)),
+                            pair(value(2 * jp), value(2 * jp + 1)),
+                        );
+                    }
+                    prop_assert_eq!(out[r * stride + c].to_bits(), acc.to_bits());
+                }
+                // Past the row's d channels, nothing is written.
+                prop_assert!(out[r * stride + d..(r + 1) * stride].iter().all(|&x| x == 9.0));
+            }
+        }
+    }
+}

@@ -1,0 +1,449 @@
+//! AVX-512 BF16 tiles of bf16 attention's two products ([`super::bf16`] defines them):
+//! `vdpbf16ps` adds two products of bfloat16 pairs to each f32 lane, the odd pair's first,
+//! each product exact and each sum rounded once and flushed, which is [`super::bf16::dot_pair`]
+//! (measured bit for bit on Zen 4 by `tools/spike/bf16-dot`; the SDM's pseudo-code says so).
+//! A CPU whose instruction disagreed would change the bits, so [`available`] runs the tiles
+//! against the portable code once, on operands that tell the orders and the flushing apart,
+//! and uses them only if every bit agrees.
+//!
+//! Each public function checks that the tiles are available and that every buffer holds
+//! what its loops read or write; the `unsafe` blocks rely on nothing else.
+
+use std::arch::x86_64::*;
+use std::sync::OnceLock;
+
+use super::bf16::LANES;
+use super::simd_f32::holds_rows;
+
+/// Query rows per tile of scores and of weighted sums.
+const MR: usize = 4;
+/// Vectors of keys (scores) or channels (weighted sum) per tile.
+const NV: usize = 4;
+/// Key pairs of values per pass of the weighted sum: `PAIR_CHUNK × d` packed pairs stay in
+/// L1 while every tile of rows goes over them.
+const PAIR_CHUNK: usize = 32;
+
+/// Whether this CPU has AVX-512 BF16 and its `vdpbf16ps` gives the portable code's bits
+/// (checked once per process).
+pub(crate) fn available() -> bool {
+    static AGREES: OnceLock<bool> = OnceLock::new();
+    *AGREES.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bf16")
+            && agrees_with_portable()
+    })
+}
+
+/// Scores and weighted sums of the tiles against [`super::bf16`]'s, on operands in the
+/// normal range and near underflow (subnormal sums, products below f32's range): every bit.
+fn agrees_with_portable() -> bool {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    // Packed pairs of random sign and mantissa, biased exponents in `lo..lo + span`.
+    let mut pairs = |n: usize, lo: u64, span: u64| -> Vec<u32> {
+        (0..n)
+            .map(|_| {
+                let mut half = || {
+                    let r = next();
+                    let exp = (lo + r % span) as u32;
+                    (((r >> 8) & 1) as u32) << 15 | exp << 7 | ((r >> 16) & 0x7f) as u32
+                };
+                half() | (half() << 16)
+            })
+            .collect()
+    };
+    let (rows, d, groups) = (MR + 1, 64, NV + 1);
+    let len = groups * LANES;
+    for (lo, span) in [(115, 25), (1, 100)] {
+        let q = pairs(rows * d / 2, lo, span);
+        let kt = pairs(groups * d / 2 * LANES, lo, span);
+        let v = pairs(len / 2 * d, lo, span);
+        let (mut tiles, mut portable) = (vec![0.0; rows * len], vec![0.0; rows * len]);
+        scores(&q, rows, d, &kt, 0, groups, &mut tiles);
+        super::bf16::scores_portable(&q, rows, d, &kt, 0, groups, &mut portable);
+        let p: Vec<u16> = pairs(rows * len / 2, lo, span)
+            .into_iter()
+            .flat_map(|x| [x as u16, (x >> 16) as u16])
+            .collect();
+        let (mut w_tiles, mut w_portable) = (vec![0.0; rows * d], vec![0.0; rows * d]);
+        weighted_sum(&p, rows, len, &v, len / 2, d, &mut w_tiles, d);
+        super::bf16::weighted_sum_portable(&p, rows, len, &v, len / 2, d, &mut w_portable, d);
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        if bits(&tiles) != bits(&portable) || bits(&w_tiles) != bits(&w_portable) {
+            return false;
+        }
+    }
+    true
+}
+
+/// Whether the CPU has the instructions (the tiles' precondition; [`available`] also checks
+/// their bits, by running them).
+fn has_instructions() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bf16")
+}
+
+/// [`super::bf16::scores`] in tiles of [`MR`] queries × [`NV`] groups of keys.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn scores(
+    q: &[u32],
+    rows: usize,
+    d: usize,
+    kt: &[u32],
+    g_lo: usize,
+    groups: usize,
+    out: &mut [f32],
+) {
+    assert!(
+        has_instructions(),
+        "AVX-512 BF16 tiles on a CPU without them"
+    );
+    let half = d / 2;
+    assert!(q.len() >= rows * half && kt.len() >= (g_lo + groups) * half * LANES);
+    assert!(out.len() >= rows * groups * LANES);
+    // SAFETY: the CPU has AVX-512F and BF16 (checked above). Tile (r, g0) reads
+    // q[(r..r + mr) · half..][..half], groups g_lo + g0..g_lo + g0 + nv of kt (≤ g_lo +
+    // groups, each half·16 values) and writes out[r..r + mr][16·g0..16·(g0 + nv)] (r + mr ≤
+    // rows, g0 + nv ≤ groups): inside the sizes checked above.
+    unsafe {
+        scores_tiles(
+            q.as_ptr(),
+            rows,
+            half,
+            kt.as_ptr(),
+            g_lo,
+            groups,
+            out.as_mut_ptr(),
+        )
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bf16")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn scores_tiles(
+    q: *const u32,
+    rows: usize,
+    half: usize,
+    kt: *const u32,
+    g_lo: usize,
+    groups: usize,
+    out: *mut f32,
+) {
+    let width = groups * LANES;
+    let group = half * LANES;
+    let mut g0 = 0;
+    while g0 < groups {
+        let nv = (groups - g0).min(NV);
+        let mut r = 0;
+        while r < rows {
+            let mr = if rows - r >= MR { MR } else { 1 };
+            // SAFETY: rows r..r + mr and groups g0..g0 + nv are inside
+            // the buffers (the caller's checks, see `scores`); each call reads `half` pairs
+            // of its queries and of each of its groups and writes its own scores.
+            unsafe {
+                let (qt, k, o) = (
+                    q.add(r * half),
+                    kt.add((g_lo + g0) * group),
+                    out.add(r * width + g0 * LANES),
+                );
+                match (mr, nv) {
+                    (MR, NV) => score_tile::<MR, NV>(qt, half, k, group, o, width),
+                    (MR, _) => (0..nv).for_each(|n| {
+                        score_tile::<MR, 1>(
+                            qt,
+                            half,
+                            k.add(n * group),
+                            group,
+                            o.add(n * LANES),
+                            width,
+                        )
+                    }),
+                    (_, NV) => score_tile::<1, NV>(qt, half, k, group, o, width),
+                    _ => (0..nv).for_each(|n| {
+                        score_tile::<1, 1>(
+                            qt,
+                            half,
+                            k.add(n * group),
+                            group,
+                            o.add(n * LANES),
+                            width,
+                        )
+                    }),
+                }
+            }
+            r += mr;
+        }
+        g0 += nv;
+    }
+}
+
+/// `R` queries (`half` packed pairs each, consecutive) against `N` groups of keys (`group`
+/// values apart), each score folded over the pairs in order from +0, stored in rows of
+/// `width`.
+#[target_feature(enable = "avx512f,avx512bf16")]
+#[inline]
+unsafe fn score_tile<const R: usize, const N: usize>(
+    q: *const u32,
+    half: usize,
+    kt: *const u32,
+    group: usize,
+    out: *mut f32,
+    width: usize,
+) {
+    let mut acc = [[_mm512_setzero_ps(); N]; R];
+    for c in 0..half {
+        // SAFETY: c < half: pair c of each of the tile's groups and queries (see the caller).
+        unsafe {
+            let mut k = [_mm512_setzero_si512(); N];
+            for (n, k) in k.iter_mut().enumerate() {
+                *k = _mm512_loadu_si512(kt.add(n * group + c * LANES).cast());
+            }
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let qv = bh(_mm512_set1_epi32(*q.add(r * half + c) as i32));
+                for (a, &k) in acc.iter_mut().zip(&k) {
+                    *a = _mm512_dpbf16_ps(*a, qv, bh(k));
+                }
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (n, &a) in acc.iter().enumerate() {
+            // SAFETY: score row r, keys 16·n..16·n + 16 of the tile's groups (see the caller).
+            unsafe { _mm512_storeu_ps(out.add(r * width + n * LANES), a) };
+        }
+    }
+}
+
+/// A vector of 16 packed pairs as the bfloat16 vector `vdpbf16ps` takes (the same bits).
+#[inline(always)]
+fn bh(x: __m512i) -> __m512bh {
+    // SAFETY: both are 512 bits of plain data; every bit pattern is a valid value of either.
+    unsafe { std::mem::transmute::<__m512i, __m512bh>(x) }
+}
+
+/// [`super::bf16::weighted_sum`] in tiles of [`MR`] rows × [`NV`] vectors of channels (or
+/// one vector: `d` must be a multiple of 16), over chunks of [`PAIR_CHUNK`] key pairs.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn weighted_sum(
+    p: &[u16],
+    rows: usize,
+    p_row: usize,
+    v: &[u32],
+    pairs: usize,
+    d: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    assert!(
+        has_instructions(),
+        "AVX-512 BF16 tiles on a CPU without them"
+    );
+    assert!(d.is_multiple_of(LANES) && p_row.is_multiple_of(2));
+    assert!(rows == 0 || pairs == 0 || (rows - 1) * p_row + 2 * pairs <= p.len());
+    assert!(v.len() >= pairs * d);
+    assert!(holds_rows(out.len(), rows, out_stride, d));
+    if rows == 0 || d == 0 {
+        return;
+    }
+    if pairs == 0 {
+        for r in 0..rows {
+            out[r * out_stride..r * out_stride + d].fill(0.0);
+        }
+        return;
+    }
+    // SAFETY: the CPU has AVX-512F and BF16 (checked above). Tile (r, c0, j0) reads
+    // p[(r..r + mr) · p_row + 2·j0..][..2·kn] (j0 + kn ≤ pairs), v[(j0..j0 + kn) · d + c0..][..w]
+    // (c0 + w ≤ d) and reads and writes out[(r..r + mr) · out_stride + c0..][..w]: inside the
+    // sizes checked above.
+    unsafe {
+        weighted_sum_tiles(
+            p.as_ptr(),
+            rows,
+            p_row,
+            v.as_ptr(),
+            pairs,
+            d,
+            out.as_mut_ptr(),
+            out_stride,
+        )
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bf16")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn weighted_sum_tiles(
+    p: *const u16,
+    rows: usize,
+    p_row: usize,
+    v: *const u32,
+    pairs: usize,
+    d: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let mut j0 = 0;
+    while j0 < pairs {
+        let kn = PAIR_CHUNK.min(pairs - j0);
+        let first = j0 == 0;
+        let mut r = 0;
+        while r < rows {
+            let mr = if rows - r >= MR { MR } else { 1 };
+            let mut c0 = 0;
+            while c0 < d {
+                let wide = d - c0 >= NV * LANES;
+                // SAFETY: rows r..r + mr, pairs j0..j0 + kn and
+                // channels c0..c0 + 16·(NV or 1) are inside the buffers (see
+                // `weighted_sum`).
+                unsafe {
+                    let (pt, vt, ot) = (
+                        p.add(r * p_row + 2 * j0),
+                        v.add(j0 * d + c0),
+                        out.add(r * out_stride + c0),
+                    );
+                    match (mr, wide) {
+                        (MR, true) => {
+                            sum_tile::<MR, NV>(pt, p_row, vt, d, kn, ot, out_stride, first)
+                        }
+                        (MR, false) => {
+                            sum_tile::<MR, 1>(pt, p_row, vt, d, kn, ot, out_stride, first)
+                        }
+                        (_, true) => sum_tile::<1, NV>(pt, p_row, vt, d, kn, ot, out_stride, first),
+                        (_, false) => sum_tile::<1, 1>(pt, p_row, vt, d, kn, ot, out_stride, first),
+                    }
+                }
+                c0 += if wide { NV * LANES } else { LANES };
+            }
+            r += mr;
+        }
+        j0 += kn;
+    }
+}
+
+/// `R` rows × `N` vectors of channels: from +0 (`first`) or the sums stored so far (an f32
+/// stored and loaded is the same value), folded over `pairs` key pairs in order (row `r`'s
+/// weights at `p + r · p_row`, two a pair).
+#[target_feature(enable = "avx512f,avx512bf16")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn sum_tile<const R: usize, const N: usize>(
+    p: *const u16,
+    p_row: usize,
+    v: *const u32,
+    d: usize,
+    pairs: usize,
+    out: *mut f32,
+    out_stride: usize,
+    first: bool,
+) {
+    let mut acc = [[_mm512_setzero_ps(); N]; R];
+    if !first {
+        for (r, acc) in acc.iter_mut().enumerate() {
+            for (n, a) in acc.iter_mut().enumerate() {
+                // SAFETY: the tile's own outputs (see the caller).
+                *a = unsafe { _mm512_loadu_ps(out.add(r * out_stride + n * LANES)) };
+            }
+        }
+    }
+    for j in 0..pairs {
+        // SAFETY: j < pairs: pair j of the tile's rows and values (see the caller).
+        unsafe {
+            let mut x = [_mm512_setzero_si512(); N];
+            for (n, x) in x.iter_mut().enumerate() {
+                *x = _mm512_loadu_si512(v.add(j * d + n * LANES).cast());
+            }
+            for (r, acc) in acc.iter_mut().enumerate() {
+                // Weights 2j and 2j + 1 as one pair (any alignment).
+                let pair = p.add(r * p_row + 2 * j).cast::<i32>().read_unaligned();
+                let pv = bh(_mm512_set1_epi32(pair));
+                for (a, &x) in acc.iter_mut().zip(&x) {
+                    *a = _mm512_dpbf16_ps(*a, pv, bh(x));
+                }
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (n, &a) in acc.iter().enumerate() {
+            // SAFETY: the tile's own outputs (see the caller).
+            unsafe { _mm512_storeu_ps(out.add(r * out_stride + n * LANES), a) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn packed(seed: u64, n: usize, lo: u32, span: u32) -> Vec<u32> {
+        let mut state = seed | 1;
+        (0..n)
+            .map(|_| {
+                let mut half = || {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    let exp = lo + (state % u64::from(span)) as u32;
+                    (((state >> 8) & 1) as u32) << 15 | exp << 7 | ((state >> 16) & 0x7f) as u32
+                };
+                half() | (half() << 16)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn this_cpu_uses_the_tiles_if_it_has_them() {
+        if has_instructions() {
+            assert!(
+                available(),
+                "vdpbf16ps disagrees with the portable definition"
+            );
+        } else {
+            assert!(!available());
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        /// The tiles give the portable code's bits on every shape around the tiles' edges,
+        /// in the normal range and near underflow.
+        #[test]
+        fn tiles_give_the_portable_bits(
+            rows in 1usize..10,
+            groups in 1usize..7,
+            g_lo in 0usize..2,
+            d in prop_oneof![Just(16usize), Just(48usize), Just(64usize), Just(80usize), Just(128usize)],
+            pairs in 1usize..80,
+            seed in any::<u64>(),
+            range in prop_oneof![Just((115u32, 25u32)), Just((1u32, 100u32))],
+        ) {
+            prop_assume!(has_instructions());
+            let half = d / 2;
+            let (lo, span) = range;
+            let q = packed(seed, rows * half, lo, span);
+            let kt = packed(seed ^ 1, (g_lo + groups) * half * LANES, lo, span);
+            let width = groups * LANES;
+            let (mut tiles, mut portable) = (vec![1.0; rows * width], vec![2.0; rows * width]);
+            scores(&q, rows, d, &kt, g_lo, groups, &mut tiles);
+            super::super::bf16::scores_portable(&q, rows, d, &kt, g_lo, groups, &mut portable);
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            prop_assert_eq!(bits(&tiles), bits(&portable));
+
+            let p_row = 2 * pairs + 6;
+            let p: Vec<u16> = packed(seed ^ 2, rows * p_row / 2, lo, span)
+                .into_iter()
+                .flat_map(|x| [x as u16, (x >> 16) as u16])
+                .collect();
+            let v = packed(seed ^ 3, pairs * d, lo, span);
+            let stride = d + 5;
+            let (mut tiles, mut portable) = (vec![1.0; rows * stride], vec![1.0; rows * stride]);
+            weighted_sum(&p, rows, p_row, &v, pairs, d, &mut tiles, stride);
+            super::super::bf16::weighted_sum_portable(&p, rows, p_row, &v, pairs, d, &mut portable, stride);
+            prop_assert_eq!(bits(&tiles), bits(&portable));
+        }
+    }
+}
