@@ -6,7 +6,7 @@
 //! --nocapture`.
 
 use ruri_core::{BatchOptions, EmbedOptions, Task, TextEmbedder};
-use ruri_native::{Kernel, Precision};
+use ruri_native::{AttentionPrecision, Kernel, Precision};
 use ruri_testkit::{Agreement, Item, Reference, tiny_model_dir};
 
 /// fp32 runs the same math as torch; only summation order differs.
@@ -35,9 +35,19 @@ fn one_batch() -> BatchOptions {
 }
 
 fn embedder(precision: Precision, kernel: Option<Kernel>, threads: usize) -> TextEmbedder {
+    embedder_with(precision, kernel, threads, AttentionPrecision::F32)
+}
+
+fn embedder_with(
+    precision: Precision,
+    kernel: Option<Kernel>,
+    threads: usize,
+    attention: AttentionPrecision,
+) -> TextEmbedder {
     let mut b = ruri_native::builder()
         .precision(precision)
         .threads(threads)
+        .attention(attention)
         .batching(one_batch());
     if let Some(k) = kernel {
         b = b.kernel(k);
@@ -186,15 +196,11 @@ fn numpy_int8(file: &str) -> std::collections::HashMap<String, (Vec<f32>, Vec<f3
         .collect()
 }
 
-/// The engine's int8 against the NumPy implementation of its scheme, raw and normalized.
-/// Measured: see the printed figures; 1e-5 is the bound.
-#[test]
-fn int8_matches_the_numpy_reference() {
-    let reference = Reference::tiny();
-    let numpy = numpy_int8("tiny_native_int8.json");
-    let e = embedder(Precision::Int8, None, 1);
+/// Each item alone, raw and normalized, against the NumPy vectors of `file`.
+fn against_numpy(e: &TextEmbedder, items: &[Item], file: &str) -> (Agreement, Agreement) {
+    let numpy = numpy_int8(file);
     let (mut raw, mut normalized) = (Agreement::new(), Agreement::new());
-    for item in &reference.items {
+    for item in items {
         let (mean, unit) = &numpy[&item.id];
         let out = e
             .embed_with(
@@ -208,9 +214,98 @@ fn int8_matches_the_numpy_reference() {
             .unwrap();
         normalized.add(out.get(0).unwrap(), unit);
     }
+    (raw, normalized)
+}
+
+/// The engine's int8 against the NumPy implementation of its scheme, raw and normalized.
+/// Measured: see the printed figures; 1e-5 is the bound.
+#[test]
+fn int8_matches_the_numpy_reference() {
+    let reference = Reference::tiny();
+    let e = embedder(Precision::Int8, None, 1);
+    let (raw, normalized) = against_numpy(&e, &reference.items, "tiny_native_int8.json");
     println!("int8 vs NumPy: raw {raw:?}; normalized {normalized:?}");
     assert!(normalized.max_abs_diff <= 1e-5, "{normalized:?}");
     assert!(raw.max_abs_diff <= 1e-5, "{raw:?}");
+}
+
+/// bf16 attention (`AttentionPrecision::Bf16`) against `int8_reference.py --attention bf16`,
+/// which writes its definition in NumPy (`tiny_native_int8_bf16.json`), raw and normalized,
+/// with the default kernel and with each int8 kernel this CPU runs. 1e-5 is the bound of
+/// the f32-attention reference above.
+#[test]
+fn int8_bf16_attention_matches_the_numpy_reference() {
+    let reference = Reference::tiny();
+    let kernels = std::iter::once(None).chain(Kernel::available().into_iter().map(Some));
+    for kernel in kernels {
+        let e = embedder_with(Precision::Int8, kernel, 1, AttentionPrecision::Bf16);
+        let (raw, normalized) = against_numpy(&e, &reference.items, "tiny_native_int8_bf16.json");
+        let name = kernel.map_or("default".to_owned(), |k| k.to_string());
+        println!(
+            "int8, bf16 attention, {name} kernel, vs NumPy: raw {raw:?}; normalized {normalized:?}"
+        );
+        assert!(normalized.max_abs_diff <= 1e-5, "{name}: {normalized:?}");
+        assert!(raw.max_abs_diff <= 1e-5, "{name}: {raw:?}");
+    }
+}
+
+/// bf16 attention keeps int8's promise: a text's bits do not depend on the batch it is in or
+/// on the number of threads.
+#[test]
+fn int8_bf16_attention_bits_are_the_same_alone_batched_and_threaded() {
+    let reference = Reference::tiny();
+    let one = embedder_with(Precision::Int8, None, 1, AttentionPrecision::Bf16);
+    let expected = alone(&one, &reference.items);
+    for threads in [1, 3] {
+        let e = embedder_with(Precision::Int8, None, threads, AttentionPrecision::Bf16);
+        assert_eq!(
+            alone(&e, &reference.items),
+            expected,
+            "{threads} threads, alone"
+        );
+        assert_eq!(
+            batched(&e, &reference.items),
+            expected,
+            "{threads} threads, batched"
+        );
+    }
+}
+
+/// bf16 attention is another computation (the long items, over two local windows, differ
+/// from f32 attention's) and a close one: min cosine ≥ 0.999 between the two, at each
+/// precision. Measured: see the printed figures (the NumPy references: 0.9999998 at int8 on
+/// the long items).
+#[test]
+fn bf16_attention_differs_from_f32_on_long_items_but_stays_close() {
+    let reference = Reference::tiny();
+    let long: Vec<Item> = reference
+        .items
+        .iter()
+        .filter(|i| i.token_ids.len() > 128)
+        .cloned()
+        .collect();
+    assert!(long.len() >= 3, "{} long items", long.len());
+    for precision in [Precision::Int8, Precision::Fp32] {
+        let f32_attention = alone(&embedder(precision, None, 1), &long);
+        let bf16_attention = alone(
+            &embedder_with(precision, None, 1, AttentionPrecision::Bf16),
+            &long,
+        );
+        let mut agreement = Agreement::new();
+        for ((item, a), b) in long.iter().zip(&f32_attention).zip(&bf16_attention) {
+            assert_ne!(
+                a, b,
+                "{precision}: {} is the same with bf16 attention",
+                item.id
+            );
+            agreement.add(b, a);
+        }
+        println!(
+            "{precision}, bf16 vs f32 attention, {} items over 128 tokens: {agreement:?}",
+            long.len()
+        );
+        assert!(agreement.min_cosine >= 0.999, "{precision}: {agreement:?}");
+    }
 }
 
 /// The file-system-free constructor (WebAssembly's) reads the same bytes the same way.

@@ -1,10 +1,10 @@
 //! The native engine at every real Ruri v3 shape (30m, 70m, 130m, 310m; `testdata/shapes/`,
 //! weights rebuilt from their PRNG recipe): fp32 against sentence-transformers within 1e-5, and
 //! int8 on the 30m shape against `tools/testdata/int8_reference.py` (NumPy, the same integer
-//! scheme and float order, written independently).
+//! scheme and float order, written independently), with f32 attention and with bf16 attention.
 
 use ruri_core::{EmbedOptions, Task, TextEmbedder};
-use ruri_native::Precision;
+use ruri_native::{AttentionPrecision, Precision};
 use ruri_testkit::Agreement;
 use ruri_testkit::shapes::{ShapeItem, ShapeSet};
 
@@ -49,23 +49,28 @@ fn fp32_matches_sentence_transformers_at_every_shape() {
     }
 }
 
-#[test]
-fn int8_matches_the_numpy_reference_at_the_30m_shape() {
+/// int8 at the 30m shape with `attention` against the NumPy reference `file` (under
+/// `testdata/reference/shapes/`), raw, and against sentence-transformers fp32, normalized.
+fn int8_against_numpy_at_the_30m_shape(
+    attention: AttentionPrecision,
+    file: &str,
+) -> (Agreement, Agreement) {
     let set = ShapeSet::committed();
     let reference = set.reference("30m");
-    let path = ruri_testkit::testdata_dir().join("reference/shapes/30m_native_int8.json");
+    let path = ruri_testkit::testdata_dir()
+        .join("reference/shapes")
+        .join(file);
     let numpy: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let expected_items = numpy["items"].as_array().unwrap();
+    assert_eq!(expected_items.len(), reference.items.len(), "{file}");
     let dir = set.materialize("30m");
     let e = ruri_native::builder()
         .precision(Precision::Int8)
+        .attention(attention)
         .build_from_dir(dir.path())
         .unwrap();
     let (mut raw, mut st) = (Agreement::new(), Agreement::new());
-    for (item, expected) in reference
-        .items
-        .iter()
-        .zip(numpy["items"].as_array().unwrap())
-    {
+    for (item, expected) in reference.items.iter().zip(expected_items) {
         assert_eq!(expected["id"], item.id.as_str());
         let mean: Vec<f32> = expected["mean"]
             .as_array()
@@ -76,7 +81,27 @@ fn int8_matches_the_numpy_reference_at_the_30m_shape() {
         raw.add(&embed(&e, item, false), &mean);
         st.add(&embed(&e, item, true), &item.st_fp32.normalized);
     }
+    (raw, st)
+}
+
+#[test]
+fn int8_matches_the_numpy_reference_at_the_30m_shape() {
+    let (raw, st) =
+        int8_against_numpy_at_the_30m_shape(AttentionPrecision::F32, "30m_native_int8.json");
     println!("30m int8 vs NumPy (raw): {raw:?}; vs sentence-transformers fp32: {st:?}");
+    assert!(raw.max_abs_diff <= 1e-5, "{raw:?}");
+    assert!(st.min_cosine >= 0.995, "{st:?}");
+}
+
+/// The same with bf16 attention, against `int8_reference.py --attention bf16`
+/// (`30m_native_int8_bf16.json`, every item of the 30m reference).
+#[test]
+fn int8_bf16_attention_matches_the_numpy_reference_at_the_30m_shape() {
+    let (raw, st) =
+        int8_against_numpy_at_the_30m_shape(AttentionPrecision::Bf16, "30m_native_int8_bf16.json");
+    println!(
+        "30m int8, bf16 attention, vs NumPy (raw): {raw:?}; vs sentence-transformers fp32: {st:?}"
+    );
     assert!(raw.max_abs_diff <= 1e-5, "{raw:?}");
     assert!(st.min_cosine >= 0.995, "{st:?}");
 }

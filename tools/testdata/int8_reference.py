@@ -26,12 +26,35 @@ The scheme:
     e^x by the engine's formula (x = n ln 2 + r, Taylor to r^7, times 2^n).
 Everything else is ModernBERT in float32 as transformers computes it.
 
+`--attention bf16` computes attention as the engine's `AttentionPrecision::Bf16` is defined
+(everything else unchanged). bf16(x) rounds a float32 to its top 16 bits, to nearest even
+(zeros and subnormals become a zero of their sign, NaN stays NaN, infinities stay); flush(x)
+turns a subnormal float32 into a zero of its sign; dp(acc, (a1, b1), (a0, b0)) is AVX-512
+BF16's pair step (VDPBF16PS): t = flush(f32(acc + a1 b1)), then flush(f32(t + a0 b0)), each
+product exact and each sum rounded once to float32, the odd element of the pair first. Per
+head, with Q, K, V = bf16(q), bf16(k), bf16(v) (q and k after RoPE):
+  * score s[i][j]: dp over the channel pairs (2c+1, 2c) in ascending c, from +0;
+  * softmax over the query's own keys J_i, normalized at the end (as flash attention does):
+    t_j = f32(s[i][j] * scale), m = max t_j, e_j = exp_nonpositive(f32(t_j - m)) (x raised to
+    -87 if below, x = n ln 2 + r, Taylor to r^5, times 2^n: see `exp_nonpositive`), total =
+    16 partial sums of the float32 e_j (key j in partial j mod 16, its index in the text; each
+    partial in ascending j, from +0) added 0..15 from +0, weights P[i][j] = bf16(e_j), 0 for
+    the keys outside J_i;
+  * out[i][c]: dp over the key pairs (2p+1, 2p) in ascending p, from +0, P and V taken as 0
+    at index n when n is odd; then f32(out[i][c] * f32(1 / total_i)).
+
     .venv-testdata/bin/python tools/testdata/int8_reference.py \\
         --model testdata/tiny --tokens testdata/reference/tiny.json \\
         --out testdata/reference/tiny_native_int8.json
     .venv-testdata/bin/python tools/testdata/int8_reference.py \\
         --shape 30m --tokens testdata/reference/shapes/30m.json \\
         --out testdata/reference/shapes/30m_native_int8.json
+    .venv-testdata/bin/python tools/testdata/int8_reference.py --attention bf16 \\
+        --model testdata/tiny --tokens testdata/reference/tiny.json \\
+        --out testdata/reference/tiny_native_int8_bf16.json
+    .venv-testdata/bin/python tools/testdata/int8_reference.py --attention bf16 \\
+        --shape 30m --tokens testdata/reference/shapes/30m.json \\
+        --out testdata/reference/shapes/30m_native_int8_bf16.json
 
 --shape rebuilds the weights of testdata/shapes/<size>/ from their recipe (tools/testdata/shapes.py).
 Token ids come from the reference file (what sentence-transformers fed the model).
@@ -154,6 +177,112 @@ def exp_engine(x: np.ndarray) -> np.ndarray:
     return ((p * two_a).astype(F) * two_b).astype(F)
 
 
+def exp_nonpositive(x: np.ndarray) -> np.ndarray:
+    """e^x for x <= 0 as bf16 attention's softmax defines it, in float32 steps: x raised to -87
+    if below (NaN stays), n = rint(x log2 e), r = (x - n ln2_hi) - n ln2_lo, e^r by Horner's
+    steps of its Taylor polynomial to r^5, times 2^n from the exponent bits (n in -126..0)."""
+    x = x.astype(F)
+    x = np.where(x < F(-87.0), F(-87.0), x).astype(F)
+    n = np.rint((x * F(math.log2(math.e))).astype(F)).astype(F)
+    r = ((x - n * F(0.69314575)).astype(F) - n * F(1.4286068e-6)).astype(F)
+    p = F(1.0 / 120.0)
+    for c in (1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0):
+        p = (F(c) + r * p).astype(F)
+    two_n = ((n.astype(np.int32) + 127).astype(np.uint32) << 23).view(F)
+    return (p * two_n).astype(F)
+
+
+def bits(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x, dtype=F).view(np.uint32)
+
+
+def bf16(x: np.ndarray) -> np.ndarray:
+    """float32 to bfloat16, to nearest even, kept as float32 (the low 16 bits zero); zeros and
+    subnormals to a zero of their sign, NaN stays NaN (quiet), infinities stay."""
+    b = bits(x).astype(np.uint64)
+    rounded = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+    quiet = (b | 0x00400000) & 0xFFFF0000
+    r = np.where(np.isnan(np.asarray(x, dtype=F)), quiet, rounded)
+    r = np.where(b & 0x7F800000 == 0, b & 0x80000000, r)
+    return r.astype(np.uint32).view(F)
+
+
+def flush(x: np.ndarray) -> np.ndarray:
+    """A subnormal float32 to a zero of its sign; anything else unchanged."""
+    b = bits(x)
+    return np.where(b & 0x7F800000 == 0, b & 0x80000000, b).astype(np.uint32).view(F)
+
+
+def add_once(acc: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """f32(acc + p), the exact sum of float32 acc and float64 p rounded once: the float64 sum
+    rounded to odd (TwoSum's error sets the last bit), which then rounds to float32 as the
+    exact sum would (53 >= 24 + 2 bits)."""
+    a = acc.astype(np.float64)
+    s = a + p
+    back = s - a
+    err = (a - (s - back)) + (p - back)
+    sticky = (err != 0) & ((s.view(np.uint64) & 1) == 0)
+    s = np.where(sticky, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    return s.astype(F)
+
+
+def dp(acc: np.ndarray, a1: np.ndarray, b1: np.ndarray, a0: np.ndarray, b0: np.ndarray) -> np.ndarray:
+    """VDPBF16PS's step on bf16 values: the odd pair's exact product first, then the even one's,
+    each sum rounded once to float32 and its subnormals flushed."""
+    t = flush(add_once(acc, a1.astype(np.float64) * b1.astype(np.float64)))
+    return flush(add_once(t, a0.astype(np.float64) * b0.astype(np.float64)))
+
+
+PARTIALS = 16
+
+
+def partial_sum_by_key(e: np.ndarray) -> np.ndarray:
+    """Sum over the last axis (the keys, absolute index j) in PARTIALS partial sums, key j in
+    partial j mod PARTIALS, each from +0 in ascending j, then the partials in order from +0.
+    Keys outside a query's own set must be +0 (adding +0 to a sum of exps changes nothing)."""
+    e = e.astype(F)
+    n = e.shape[-1]
+    rounds = -(-n // PARTIALS)
+    padded = np.zeros(e.shape[:-1] + (rounds * PARTIALS,), dtype=F)
+    padded[..., :n] = e
+    acc = np.zeros(e.shape[:-1] + (PARTIALS,), dtype=F)
+    for r in range(rounds):
+        acc = (acc + padded[..., r * PARTIALS:(r + 1) * PARTIALS]).astype(F)
+    total = np.zeros(e.shape[:-1], dtype=F)
+    for part in range(PARTIALS):
+        total = (total + acc[..., part]).astype(F)
+    return total
+
+
+def attend_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, far: np.ndarray | None,
+                scale: np.float32) -> np.ndarray:
+    """One head, bf16 attention (see the docstring): q, k, v (n, d) float32; far[i, j] marks the
+    keys outside query i's window (None: every key is its own)."""
+    n, d = q.shape
+    qb, kb, vb = bf16(q), bf16(k), bf16(v)
+    s = np.zeros((n, n), dtype=F)
+    for c2 in range(d // 2):
+        hi, lo = 2 * c2 + 1, 2 * c2
+        s = dp(s, qb[:, None, hi], kb[None, :, hi], qb[:, None, lo], kb[None, :, lo])
+    own = np.ones((n, n), dtype=bool) if far is None else ~far
+    t = (s * scale).astype(F)
+    m = np.where(own, t, F(-np.inf)).max(axis=1)
+    with np.errstate(invalid="ignore"):  # the masked-out keys' t - m may be -inf - x
+        e = np.where(own, exp_nonpositive((t - m[:, None]).astype(F)), F(0)).astype(F)
+    inv = (F(1) / partial_sum_by_key(e)).astype(F)
+    p = np.where(own, bf16(e), F(0)).astype(F)
+    pairs = -(-n // 2)
+    p2 = np.zeros((n, 2 * pairs), dtype=F)
+    p2[:, :n] = p
+    v2 = np.zeros((2 * pairs, d), dtype=F)
+    v2[:n] = vb
+    out = np.zeros((n, d), dtype=F)
+    for jp in range(pairs):
+        hi, lo = 2 * jp + 1, 2 * jp
+        out = dp(out, p2[:, hi, None], v2[None, hi], p2[:, lo, None], v2[None, lo])
+    return (out * inv[:, None]).astype(F)
+
+
 def layer_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     x = x.astype(F)
     mean = (lane_sum(x) / F(x.shape[1])).astype(F)
@@ -165,6 +294,7 @@ def layer_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 _exact_erf = np.vectorize(math.erf, otypes=[np.float64])
 EXACT_ERF = False
+ATTENTION = "f32"
 
 
 _ERF_P = [F(2 / math.sqrt(math.pi)), F(0.19275647), F(0.05305929), F(0.0038679412),
@@ -230,6 +360,10 @@ def embed(ids: list[int], w: dict, cfg: dict, layers: list[dict]) -> np.ndarray:
         scale = (F(1) / np.sqrt(F(d))).astype(F)
         far = np.abs(pos[:, None] - pos[None, :]) > window
         for head in range(heads):
+            if ATTENTION == "bf16":
+                ctx[:, head] = attend_bf16(q[:, head], k[:, head], v[:, head],
+                                           None if is_global else far, scale)
+                continue
             # q.k summed over the head's channels one after another.
             s = np.zeros((n, n), dtype=F)
             for c in range(d):
@@ -280,9 +414,12 @@ def main() -> None:
     ap.add_argument("--tokens", required=True, help="a reference JSON whose items have token_ids")
     ap.add_argument("--out", required=True)
     ap.add_argument("--exact-erf", action="store_true", help="math.erf in GELU (see above)")
+    ap.add_argument("--attention", choices=("f32", "bf16"), default="f32",
+                    help="attention's products in float32 (default) or bf16 (see above)")
     args = ap.parse_args()
-    global EXACT_ERF
+    global EXACT_ERF, ATTENTION
     EXACT_ERF = args.exact_erf
+    ATTENTION = args.attention
 
     cfg, w = load_weights(args)
     layers = []
@@ -305,6 +442,9 @@ def main() -> None:
     generator = dict(command="tools/testdata/int8_reference.py " + " ".join(sys.argv[1:]),
                      erf="math.erf" if EXACT_ERF else "x P(x^2) / Q(x^2), degree 5/5, float32 (ruri-native math.rs)",
                      versions=dict(numpy=version("numpy"), python=sys.version.split()[0]))
+    if ATTENTION != "f32":  # (files without the key: f32 attention)
+        generator["attention"] = ("bf16: q, k, v and the probabilities rounded to bfloat16, "
+                                  "products summed in pairs as VDPBF16PS (see the docstring)")
     outliers = {f"layers.{i}.{k}": L[k].outliers for i, L in enumerate(layers) for k in ("wqkv", "wi")}
     writers = {f"layers.{i}.{k}": L[k].writers for i, L in enumerate(layers) for k in ("wo", "mlp_wo")}
     Path(args.out).write_text(json.dumps(dict(generator=generator, outliers=outliers, writers=writers,
