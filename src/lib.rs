@@ -51,7 +51,7 @@
 //!   into the Hugging Face Hub's standard cache, shared with Python's `huggingface_hub` (see
 //!   [`ruri_core::hub`]).
 //! * `clap` (default): [`cli`], the model flags for a command line, and clap's `ValueEnum`
-//!   for [`BackendKind`] and [`Precision`]. On by default so that the examples build with a
+//!   for [`BackendKind`], [`Precision`] and [`AttentionPrecision`]. On by default so that the examples build with a
 //!   plain `cargo run --example`; a library that depends on `ruri` can leave it out.
 //! * `cuda`: CUDA devices for the candle backend (needs the CUDA toolkit to build).
 //!
@@ -65,7 +65,9 @@
 pub mod cli;
 mod loader;
 
-pub use loader::{BackendKind, EmbedderConfig, Graph, Precision, from_pretrained};
+pub use loader::{
+    AttentionPrecision, BackendKind, EmbedderConfig, Graph, Precision, from_pretrained,
+};
 
 pub use ruri_core::{
     BatchOptions, EmbedOptions, Embedder, Embeddings, Encoding, Error, ErrorChain, ModelDir,

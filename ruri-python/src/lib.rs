@@ -14,7 +14,10 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString};
-use ruri::{BackendKind, EmbedOptions, EmbedderConfig, Error, Task, TextEmbedder, Whitespace};
+use ruri::{
+    AttentionPrecision, BackendKind, EmbedOptions, EmbedderConfig, Error, Task, TextEmbedder,
+    Whitespace,
+};
 
 /// When an error happened: a backend error while loading is a broken model, while embedding
 /// an inference failure.
@@ -197,14 +200,16 @@ struct Engine {
     backend: &'static str,
     precision: String,
     whitespace: &'static str,
+    attention: AttentionPrecision,
 }
 
 #[pymethods]
 impl Engine {
     /// Loads `model` (a folder, or a Hub model id with the `hub` feature) on `backend`
-    /// ("native", "ort" or "candle") at `precision`.
+    /// ("native", "ort" or "candle") at `precision`, attention's products in `attention`
+    /// ("f32", or "bf16" on native; the names `AttentionPrecision::from_str` takes).
     #[new]
-    #[pyo3(signature = (model, backend, precision, whitespace, runtime_path=None, intra_threads=None, sessions=None, max_batch_tokens=None, revision=None, cache_folder=None, token=None, local_files_only=false, prequantized=false))]
+    #[pyo3(signature = (model, backend, precision, whitespace, runtime_path=None, intra_threads=None, sessions=None, max_batch_tokens=None, revision=None, cache_folder=None, token=None, local_files_only=false, prequantized=false, attention="f32"))]
     #[allow(
         clippy::too_many_arguments,
         reason = "a Python signature of keyword arguments"
@@ -224,7 +229,10 @@ impl Engine {
         token: Option<String>,
         local_files_only: bool,
         prequantized: bool,
+        attention: &str,
     ) -> PyResult<Self> {
+        let attention: AttentionPrecision =
+            attention.parse().map_err(|e| to_py(py, e, Phase::Load))?;
         let config = engine_config(
             backend,
             precision,
@@ -235,7 +243,8 @@ impl Engine {
             max_batch_tokens,
         )
         .map_err(|e| to_py(py, e, Phase::Load))?
-        .prequantized(prequantized);
+        .prequantized(prequantized)
+        .attention(attention);
         let hub = HubOptions {
             revision,
             cache_folder,
@@ -255,6 +264,7 @@ impl Engine {
                 Whitespace::Strip => "strip",
                 _ => "keep",
             },
+            attention,
         })
     }
 
@@ -388,6 +398,13 @@ impl Engine {
     #[getter]
     fn whitespace(&self) -> &'static str {
         self.whitespace
+    }
+
+    /// How attention's products are computed: "f32" or "bf16" (the name, however it was
+    /// spelled).
+    #[getter]
+    fn attention(&self) -> &'static str {
+        self.attention.name()
     }
 
     /// The ONNX Runtime library this process loaded, if any.

@@ -139,6 +139,25 @@ def test_prequantized_reads_ruris_int8_file_and_only_on_native_int8(tmp_path):
             ruri.Embedder(folder, prequantized=True, **kwargs)
 
 
+def test_bf16_attention_loads_on_native_only():
+    # The option reaches the engine (`attention` is what it reports); the vectors it gives
+    # are tested in Rust (tests/attention.rs, ruri-native's own tests).
+    for precision in ("int8", "fp32"):
+        model = ruri.Embedder(TINY, backend="native", precision=precision, attention="bf16")
+        assert model.attention == "bf16"
+        vector = model.encode("瑠璃色はどんな色？")
+        assert vector.shape == (model.get_sentence_embedding_dimension(),)
+        assert np.isfinite(vector).all()
+    assert ruri.Embedder(TINY, backend="native").attention == "f32"
+    assert ruri.Embedder(TINY, backend="native", attention="bfloat16").attention == "bf16"
+    with pytest.raises(ruri.InputError, match=r"invalid option attention = bf16"):
+        ruri.Embedder(TINY, backend="ort", attention="bf16")
+    with pytest.raises(ruri.InputError, match=r"attention = int8: .*known: f32, bf16"):
+        ruri.Embedder(TINY, attention="int8")
+    with pytest.raises(ruri.InputTypeError, match="attention must be a str"):
+        ruri.Embedder(TINY, attention=None)
+
+
 def test_an_onnx_only_folder_needs_backend_ort_and_the_error_says_so(tmp_path):
     folder = copy_tiny(tmp_path, keep=lambda n: n != "model.safetensors")
     for kwargs in ({}, {"backend": "native"}, {"backend": "native", "precision": "fp32"}):

@@ -13,7 +13,7 @@
 use std::ffi::OsString;
 
 use clap::Parser;
-use ruri::{BackendKind, EmbedderConfig, Error, Precision, Whitespace};
+use ruri::{AttentionPrecision, BackendKind, EmbedderConfig, Error, Precision, Whitespace};
 
 /// The examples' command line: the facade's model flags, as `examples/embed.rs` flattens them.
 #[derive(Parser)]
@@ -289,6 +289,56 @@ fn every_front_end_reaches_the_same_config_and_the_same_refusal() {
         assert!(messages.windows(2).all(|pair| pair[0] == pair[1]));
         // Without the flag the server's config does not ask for the file.
         let plain = server_from_flags(&argv[..argv.len() - 1]).embedder_config();
+        assert_ne!(plain, python, "{backend} {precision}");
+    }
+
+    // bf16 attention: `--attention bf16`, `RURI_ATTENTION=bf16` and Python's
+    // `attention="bf16"` (ruri-python parses it with `AttentionPrecision::from_str` and passes
+    // it to `EmbedderConfig::attention`) reach one config: accepted on native at fp32 and
+    // int8, refused with one message on ort and candle.
+    for (backend, precision, accepted) in [
+        ("native", "int8", true),
+        ("native", "fp32", true),
+        ("ort", "int8", false),
+        ("candle", "fp32", false),
+    ] {
+        let mut argv = vec!["ruri-server"];
+        argv.extend(model_flags(backend, precision));
+        argv.extend(["--attention", "bf16"]);
+        let example = ExampleArgs::try_parse_from(&argv).unwrap().model.config();
+        let flags = server_from_flags(&argv).embedder_config();
+        let env = server_from_env(&[
+            ("RURI_MODEL", "m"),
+            ("RURI_BACKEND", backend),
+            ("RURI_PRECISION", precision),
+            ("RURI_ATTENTION", "bf16"),
+        ])
+        .embedder_config();
+        let python = EmbedderConfig::from_names(backend, precision, "keep")
+            .unwrap()
+            .attention("bf16".parse().unwrap());
+        assert_eq!(python.get_attention(), AttentionPrecision::Bf16);
+        let mut messages = Vec::new();
+        for config in [&example, &flags, &env] {
+            assert_eq!(config, &python, "{backend} {precision}");
+            match (accepted, refused(config.validate())) {
+                // A build without native refuses it by its feature.
+                (true, got) => assert_eq!(
+                    got.is_none(),
+                    BackendKind::Native.is_compiled(),
+                    "{backend} {precision}: {got:?}"
+                ),
+                (false, Some((name, value, message))) => {
+                    assert_eq!((name, value.as_str()), ("attention", "bf16"));
+                    messages.push(message);
+                }
+                (false, None) => panic!("{backend} {precision}: bf16 attention accepted"),
+            }
+        }
+        assert!(messages.windows(2).all(|pair| pair[0] == pair[1]));
+        // Without the flag the config is f32's.
+        let plain = server_from_flags(&argv[..argv.len() - 2]).embedder_config();
+        assert_eq!(plain.get_attention(), AttentionPrecision::F32);
         assert_ne!(plain, python, "{backend} {precision}");
     }
     set_ruri_env(&[]);

@@ -28,6 +28,8 @@ class Engine:
         cache_folder: Optional[str] = None,
         token: Optional[str] = None,
         local_files_only: bool = False,
+        prequantized: bool = False,
+        attention: str = "f32",
     ) -> None: ...
     def embed(
         self,
@@ -55,6 +57,8 @@ class Engine:
     def precision(self) -> str: ...
     @property
     def whitespace(self) -> str: ...
+    @property
+    def attention(self) -> str: ...
     @staticmethod
     def loaded_runtime_path() -> Optional[str]: ...
 

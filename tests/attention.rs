@@ -1,0 +1,81 @@
+//! The loader's `attention` option (`EmbedderConfig::attention`) reaches the native engine:
+//! bf16 attention loads the tiny model at fp32 and int8, the engine reports it, and on a
+//! long text it moves the vector a little, never far.
+
+use ruri::native::NativeBackend;
+use ruri::{AttentionPrecision, BackendKind, EmbedOptions, EmbedderConfig, Precision, Task};
+use ruri_testkit::{cosine, max_abs_diff, tiny_model_dir};
+
+/// Japanese prose long enough for well over 100 tokens (checked below), so that attention's
+/// products have many terms to round.
+const LONG_TEXT: &str = "瑠璃は青い宝石で、古くから世界中で大切にされてきました。\
+    日本では七宝の一つに数えられ、仏教の経典にもその名が見えます。\
+    夜空のような深い青に金色の粒が散る様子は、星を思わせると言われています。\
+    アフガニスタンの山地が主な産地で、シルクロードを通って東西へ運ばれました。\
+    絵の具の群青は瑠璃を砕いて作られ、中世の画家たちは金よりも高価なこの青を\
+    聖母の衣を描くためだけに使ったと伝えられています。\
+    今日では宝飾品として身につけられるほか、お守りとして贈られることもあります。\
+    瑠璃色という言葉は、紫を帯びた濃い青を指す日本の伝統色の名前でもあります。";
+
+fn config(precision: Precision, attention: AttentionPrecision) -> EmbedderConfig {
+    EmbedderConfig::new()
+        .backend(BackendKind::Native)
+        .precision(precision)
+        .attention(attention)
+        .threads(1)
+}
+
+#[test]
+fn bf16_attention_loads_at_fp32_and_int8_and_reaches_the_engine() {
+    for precision in [Precision::Fp32, Precision::Int8] {
+        for attention in [AttentionPrecision::F32, AttentionPrecision::Bf16] {
+            let embedder = config(precision, attention)
+                .build_from_dir(tiny_model_dir())
+                .unwrap_or_else(|e| panic!("{precision} {attention}: {e}"));
+            let native = embedder
+                .backend_as::<NativeBackend>()
+                .expect("backend native");
+            let wanted = match attention {
+                AttentionPrecision::F32 => ruri::native::AttentionPrecision::F32,
+                _ => ruri::native::AttentionPrecision::Bf16,
+            };
+            assert_eq!(native.attention(), wanted, "{precision} {attention}");
+            let query = embedder.embed_query("瑠璃色はどんな色？").unwrap();
+            assert_eq!(query.len(), embedder.dim());
+            assert!(
+                query.iter().all(|v| v.is_finite()),
+                "{precision} {attention}"
+            );
+        }
+    }
+}
+
+/// bf16 attention rounds q, k, v and the probabilities: on a long text the vector differs
+/// from f32's, but only slightly. May fail while the engine side of the option is not in.
+#[test]
+fn bf16_attention_moves_a_long_texts_vector_slightly() {
+    let options = EmbedOptions::new(Task::Document).normalize(true);
+    let mut vectors = Vec::new();
+    for attention in [AttentionPrecision::F32, AttentionPrecision::Bf16] {
+        let embedder = config(Precision::Int8, attention)
+            .build_from_dir(tiny_model_dir())
+            .unwrap();
+        let tokens = embedder.tokenize(&[LONG_TEXT], &options).unwrap()[0].len();
+        assert!(LONG_TEXT.chars().count() >= 200);
+        assert!(tokens > 100, "only {tokens} tokens");
+        vectors.push(
+            embedder
+                .embed_with(&[LONG_TEXT], &options)
+                .unwrap()
+                .into_vec(),
+        );
+    }
+    let (f32, bf16) = (&vectors[0], &vectors[1]);
+    let moved = max_abs_diff(f32, bf16);
+    assert!(moved > 0.0, "bf16 attention gave f32's vector");
+    let similarity = cosine(f32, bf16);
+    assert!(
+        similarity > 0.999,
+        "cosine {similarity} (largest change {moved})"
+    );
+}
