@@ -34,9 +34,10 @@ BF16's pair step (VDPBF16PS): t = flush(f32(acc + a1 b1)), then flush(f32(t + a0
 product exact and each sum rounded once to float32, the odd element of the pair first. Per
 head, with Q, K, V = bf16(q), bf16(k), bf16(v) (q and k after RoPE):
   * score s[i][j]: dp over the channel pairs (2c+1, 2c) in ascending c, from +0;
-  * softmax over the query's own keys J_i, normalized at the end (as flash attention does):
-    t_j = f32(s[i][j] * scale), m = max t_j, e_j = exp_nonpositive(f32(t_j - m)) (x raised to
-    -87 if below, x = n ln 2 + r, Taylor to r^5, times 2^n: see `exp_nonpositive`), total =
+  * softmax over the query's own keys J_i, normalized at the end (as flash attention does), in
+    powers of two: c = f32(scale * f32(log2 e)), m = f32(max_{j in J_i} s[i][j] * c),
+    e_j = exp2_nonpositive(f32(f32(s[i][j] * c) - m)) (y raised to -125.5 if below, n = rint(y),
+    2^(y - n) by a Taylor polynomial to the 5th power, times 2^n: see `exp2_nonpositive`), total =
     16 partial sums of the float32 e_j (key j in partial j mod 16, its index in the text; each
     partial in ascending j, from +0) added 0..15 from +0, weights P[i][j] = bf16(e_j), 0 for
     the keys outside J_i;
@@ -177,17 +178,19 @@ def exp_engine(x: np.ndarray) -> np.ndarray:
     return ((p * two_a).astype(F) * two_b).astype(F)
 
 
-def exp_nonpositive(x: np.ndarray) -> np.ndarray:
-    """e^x for x <= 0 as bf16 attention's softmax defines it, in float32 steps: x raised to -87
-    if below (NaN stays), n = rint(x log2 e), r = (x - n ln2_hi) - n ln2_lo, e^r by Horner's
-    steps of its Taylor polynomial to r^5, times 2^n from the exponent bits (n in -126..0)."""
-    x = x.astype(F)
-    x = np.where(x < F(-87.0), F(-87.0), x).astype(F)
-    n = np.rint((x * F(math.log2(math.e))).astype(F)).astype(F)
-    r = ((x - n * F(0.69314575)).astype(F) - n * F(1.4286068e-6)).astype(F)
-    p = F(1.0 / 120.0)
-    for c in (1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0):
-        p = (F(c) + r * p).astype(F)
+def exp2_nonpositive(y: np.ndarray) -> np.ndarray:
+    """2^y for y <= 0 as bf16 attention's softmax defines it, in float32 steps: y raised to -125.5
+    if below (NaN stays), n = rint(y) (ties to even), f = y - n, 2^f by Horner's steps of the
+    Taylor polynomial of e^(f ln 2) to the 5th power (coefficients ln(2)^k / k! rounded to
+    float32), times 2^n from the exponent bits (n >= -126)."""
+    y = y.astype(F)
+    y = np.where(y < F(-125.5), F(-125.5), y).astype(F)
+    n = np.rint(y).astype(F)
+    f = (y - n).astype(F)
+    p = F(math.log(2) ** 5 / 120)
+    for k in (4, 3, 2, 1):
+        p = (F(math.log(2) ** k / math.factorial(k)) + f * p).astype(F)
+    p = (F(1) + f * p).astype(F)
     two_n = ((n.astype(np.int32) + 127).astype(np.uint32) << 23).view(F)
     return (p * two_n).astype(F)
 
@@ -265,10 +268,10 @@ def attend_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, far: np.ndarray | N
         hi, lo = 2 * c2 + 1, 2 * c2
         s = dp(s, qb[:, None, hi], kb[None, :, hi], qb[:, None, lo], kb[None, :, lo])
     own = np.ones((n, n), dtype=bool) if far is None else ~far
-    t = (s * scale).astype(F)
-    m = np.where(own, t, F(-np.inf)).max(axis=1)
-    with np.errstate(invalid="ignore"):  # the masked-out keys' t - m may be -inf - x
-        e = np.where(own, exp_nonpositive((t - m[:, None]).astype(F)), F(0)).astype(F)
+    c = (scale * F(math.log2(math.e))).astype(F)
+    m = (np.where(own, s, F(-np.inf)).max(axis=1) * c).astype(F)
+    t = (s * c).astype(F)
+    e = np.where(own, exp2_nonpositive((t - m[:, None]).astype(F)), F(0)).astype(F)
     inv = (F(1) / partial_sum_by_key(e)).astype(F)
     p = np.where(own, bf16(e), F(0)).astype(F)
     pairs = -(-n // 2)

@@ -14,8 +14,8 @@
 //!   exact, each sum rounded once to f32 and flushed to a zero of its sign if subnormal.
 //! * A score is `dot_pair` folded over the head's channel pairs `(2c, 2c + 1)` in order,
 //!   from `+0`. The softmax of a query's own keys ([`softmax`]), normalized at the end as
-//!   flash attention does: `t = s · scale`, the max, `e = exp(t − max)` ([`exp_nonpositive`]),
-//!   a total in 16 partial sums of the f32 `e`s (key `j` of the text in partial `j mod 16`,
+//!   flash attention does, in powers of two: with `c = scale · log₂e` and `m = max(s) · c`
+//!   (the max of the own keys' scores), `e = 2^(s · c − m)` ([`exp2_nonpositive`]), a total in 16 partial sums of the f32 `e`s (key `j` of the text in partial `j mod 16`,
 //!   keys in order; then the partials in order, from `+0`), and the weights `to_bf16(e)`
 //!   (0 for the other keys). An output channel is `dot_pair` folded over the text's key
 //!   pairs `(2j, 2j + 1)` in order, from `+0`, then times `1 / total` (one rounding each).
@@ -84,14 +84,19 @@ pub(crate) fn dot_pair(acc: f32, a: u32, b: u32) -> f32 {
     flush((f64::from(t) + f64::from(a_even) * f64::from(b_even)) as f32)
 }
 
-/// Queries packed: `out[r · d/2 + c] = pair(q[r][2c], q[r][2c + 1])` for `rows` rows of `d`
-/// (even) at a stride of `stride`.
-pub(crate) fn pack_queries(q: &[f32], stride: usize, rows: usize, d: usize, out: &mut [u32]) {
+multiversion! {
+    /// Queries packed: `out[r · d/2 + c] = pair(q[r][2c], q[r][2c + 1])` for `rows` rows of
+    /// `d` (even) at a stride of `stride`.
+    fn pack_queries / pack_rows_body(q: &[f32], stride: usize, rows: usize, d: usize, out: &mut [u32])
+}
+
+#[inline(always)]
+fn pack_rows_body(x: &[f32], stride: usize, rows: usize, d: usize, out: &mut [u32]) {
     let half = d / 2;
-    assert!(d.is_multiple_of(2) && super::simd_f32::holds_rows(q.len(), rows, stride, d));
+    assert!(d.is_multiple_of(2) && super::simd_f32::holds_rows(x.len(), rows, stride, d));
     for (r, o) in out[..rows * half].chunks_exact_mut(half).enumerate() {
-        let row = &q[r * stride..r * stride + d];
-        for (o, two) in o.iter_mut().zip(row.chunks_exact(2)) {
+        let row = &x[r * stride..r * stride + d];
+        for (o, two) in o.iter_mut().zip(row.as_chunks::<2>().0) {
             *o = pair(two[0], two[1]);
         }
     }
@@ -121,25 +126,28 @@ multiversion! {
     fn softmax / softmax_body(s: &[f32], width: usize, own: &[(usize, usize)], scale: f32, p: &mut [u16], inv: &mut [f32])
 }
 
-/// 2³·1.5 · 2²⁰ = 1.5 · 2²³ (see [`crate::math::ROUND_MAGIC`]).
+/// 1.5 · 2²³ (see [`crate::math::ROUND_MAGIC`]).
 const ROUND_MAGIC: f32 = crate::math::ROUND_MAGIC;
 
-/// eˣ for the softmax's `x = t − max ≤ 0`, to bfloat16's needs, from IEEE operations only
-/// (no fused multiply-add): `x` raised to −87 if below (a NaN stays), `x = n·ln 2 + r`
-/// (`n = rint(x · log₂e)` by the 1.5 · 2²³ addition, ln 2 in two parts), `e^r` by its
-/// Taylor polynomial to r⁵ in Horner's steps (relative error below 3e-6 for |r| ≤ 0.35,
-/// against bfloat16's 2⁻⁹), times 2ⁿ built from the exponent bits (`n` in −126..=0, so the
-/// result is a normal f32).
+/// 2ʸ for the softmax's `y = s · c − m ≤ 0`, to bfloat16's needs, from IEEE operations only
+/// (no fused multiply-add): `y` raised to −125.5 if below (a NaN stays), `n = rint(y)` (by
+/// the 1.5 · 2²³ addition, ties to even), `f = y − n` (exact, |f| ≤ ½), `2^f = e^(f ln 2)`
+/// by its Taylor polynomial to the 5th power in Horner's steps (relative error below 4e-6,
+/// against bfloat16's 2⁻⁹), times 2ⁿ from the exponent bits: `n` ≥ −126, and −126 only with
+/// `f = ½`, so the result is a normal f32 in [2⁻¹²⁶, 1].
 #[inline(always)]
-pub(crate) fn exp_nonpositive(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_145_75;
-    const LN2_LO: f32 = 1.428_606_8e-6;
-    let x = if -87.0 > x { -87.0 } else { x };
-    let shifted = x * LOG2E + ROUND_MAGIC;
+pub(crate) fn exp2_nonpositive(y: f32) -> f32 {
+    // ln(2)ᵏ / k!, rounded to f32.
+    const A1: f32 = std::f32::consts::LN_2;
+    const A2: f32 = 0.240_226_5;
+    const A3: f32 = 0.055_504_11;
+    const A4: f32 = 0.009_618_129;
+    const A5: f32 = 0.001_333_355_8;
+    let y = if -125.5 > y { -125.5 } else { y };
+    let shifted = y + ROUND_MAGIC;
     let n = shifted - ROUND_MAGIC;
-    let r = (x - n * LN2_HI) - n * LN2_LO;
-    let p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0)))));
+    let f = y - n;
+    let p = 1.0 + f * (A1 + f * (A2 + f * (A3 + f * (A4 + f * A5))));
     let n = (shifted.to_bits() as i32).wrapping_sub(ROUND_MAGIC.to_bits() as i32);
     p * f32::from_bits((n.wrapping_add(127) as u32) << 23)
 }
@@ -229,11 +237,16 @@ fn pack_keys_body(k: &[f32], stride: usize, len: usize, d: usize, out: &mut Vec<
     let groups = len.div_ceil(LANES);
     out.clear();
     out.resize(groups * half * LANES, 0);
-    for j in 0..len {
-        let row = &k[j * stride..j * stride + d];
-        let group = &mut out[(j / LANES) * half * LANES..(j / LANES + 1) * half * LANES];
-        for (c, two) in row.chunks_exact(2).enumerate() {
-            group[c * LANES + j % LANES] = pair(two[0], two[1]);
+    // A group's keys packed row by row (contiguous: the conversions vectorize), then
+    // transposed into the group.
+    let mut rows = vec![0u32; LANES * half];
+    for (g, group) in out.chunks_exact_mut((half * LANES).max(1)).enumerate() {
+        let keys = (len - g * LANES).min(LANES);
+        pack_rows_body(&k[g * LANES * stride..], stride, keys, d, &mut rows);
+        for (c, lanes) in group.chunks_exact_mut(LANES).enumerate() {
+            for (i, lane) in lanes[..keys].iter_mut().enumerate() {
+                *lane = rows[i * half + c];
+            }
         }
     }
 }
@@ -287,7 +300,7 @@ fn scores_body(
     }
 }
 
-/// [`to_bf16`] of an exp of [`exp_nonpositive`] (a normal f32 in [2⁻¹²⁶, 1], or 0, or
+/// [`to_bf16`] of an exp of [`exp2_nonpositive`] (a normal f32 in [2⁻¹²⁶, 1], or 0, or
 /// NaN): rounding to nearest even alone, since no subnormal comes in. A NaN may come out as
 /// another NaN or an infinity, but it came from a NaN score, which made the row's total,
 /// and so every output of the row, NaN already.
@@ -342,6 +355,7 @@ fn softmax_body(
 ) {
     let rows = own.len();
     assert!(width.is_multiple_of(LANES) && s.len() >= rows * width);
+    let c = scale * std::f32::consts::LOG2_E;
     assert!(p.len() >= rows * width && inv.len() >= rows);
     for (r, &(lo, hi)) in own.iter().enumerate() {
         assert!(lo <= hi && hi <= width);
@@ -362,26 +376,26 @@ fn softmax_body(
             }
             own
         };
-        // The max of the scaled scores (a max is exact: its order does not matter).
+        // The max of the scores (a max is exact: its order does not matter).
         let mut lanes = [f32::NEG_INFINITY; LANES];
-        // `if t > m` (one `vmaxps`), not `f32::max` (which also orders NaNs): a NaN score
+        // `if x > m` (one `vmaxps`), not `f32::max` (which also orders NaNs): a NaN score
         // is left out of the max, and makes its own weight and the total NaN anyway.
         for block in &blocks[whole_lo.min(whole_hi)..whole_hi] {
             for (m, &x) in lanes.iter_mut().zip(block) {
-                let t = x * scale;
-                *m = if t > *m { t } else { *m };
+                *m = if x > *m { x } else { *m };
             }
         }
         for b in edges.into_iter().filter(|&b| masked(b)) {
             for ((m, &x), own) in lanes.iter_mut().zip(&blocks[b]).zip(own_lane(b)) {
-                let t = x * scale;
-                *m = if own && t > *m { t } else { *m };
+                *m = if own && x > *m { x } else { *m };
             }
         }
         let max = lanes
             .iter()
             .fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m });
-        // exp(t − max), the partial sums and the weights, block after block (each lane's sum
+        // max(s) · c is the max of the s · c (rounding is monotone).
+        let max = max * c;
+        // 2^(s · c − max), the partial sums and the weights, block after block (each lane's sum
         // in key order): the first block if masked, the whole ones, the last if masked.
         let mut partial = [0.0f32; LANES];
         let masked_block = |b: usize, w: &mut [u16; LANES], partial: &mut [f32; LANES]| {
@@ -391,7 +405,7 @@ fn softmax_body(
                 .zip(&blocks[b])
                 .zip(own_lane(b))
             {
-                let e = exp_nonpositive(x * scale - max);
+                let e = exp2_nonpositive(x * c - max);
                 let e = if own { e } else { 0.0 };
                 *acc += e;
                 *w = weight(e);
@@ -406,7 +420,7 @@ fn softmax_body(
             .skip(whole_lo)
         {
             for ((w, acc), &x) in w.iter_mut().zip(&mut partial).zip(block) {
-                let e = exp_nonpositive(x * scale - max);
+                let e = exp2_nonpositive(x * c - max);
                 *acc += e;
                 *w = weight(e);
             }
@@ -483,12 +497,13 @@ mod tests {
 
     /// The definition written out one value at a time: the weights and `1 / total`.
     fn softmax_by_definition(s: &[f32], lo: usize, hi: usize, scale: f32) -> (Vec<u32>, f32) {
-        let t: Vec<f32> = s.iter().map(|&x| x * scale).collect();
+        let c = scale * std::f32::consts::LOG2_E;
+        let t: Vec<f32> = s.iter().map(|&x| x * c).collect();
         let max = t[lo..hi].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
         let e: Vec<f32> = (0..s.len())
             .map(|j| {
                 if (lo..hi).contains(&j) {
-                    exp_nonpositive(t[j] - max)
+                    exp2_nonpositive(t[j] - max)
                 } else {
                     0.0
                 }
@@ -506,18 +521,21 @@ mod tests {
     }
 
     #[test]
-    fn exp_nonpositive_is_close_to_f64() {
+    fn exp2_nonpositive_is_close_to_f64() {
         let mut worst = 0.0f64;
-        for i in 0..=200_000 {
-            let x = -87.0 * i as f32 / 200_000.0;
-            let want = f64::from(x).exp();
-            let got = f64::from(exp_nonpositive(x));
-            worst = worst.max((got - want).abs() / want);
+        for i in 0..=400_000 {
+            let y = -125.5 * i as f32 / 400_000.0;
+            let want = f64::from(y).exp2();
+            let got = exp2_nonpositive(y);
+            assert!(got.is_normal(), "2^{y} = {got}");
+            worst = worst.max((f64::from(got) - want).abs() / want);
         }
         assert!(worst < 4e-6, "relative error {worst}");
-        assert_eq!(exp_nonpositive(0.0), 1.0);
-        assert!(exp_nonpositive(-1000.0).is_normal());
-        assert!(exp_nonpositive(f32::NAN).is_nan());
+        assert_eq!(exp2_nonpositive(0.0), 1.0);
+        assert_eq!(exp2_nonpositive(-3.0), 0.125);
+        assert!(exp2_nonpositive(-1000.0).is_normal());
+        assert!(exp2_nonpositive(f32::NEG_INFINITY).is_normal());
+        assert!(exp2_nonpositive(f32::NAN).is_nan());
     }
 
     proptest! {
