@@ -12,8 +12,8 @@
 //! `cargo bench -p ruri-native --bench kernels`.
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use ruri_native::Kernel;
 use ruri_native::bench::{Attention, Fp32Gemm, Gemm, geglu, layer_norm_rows, quantize_rows};
+use ruri_native::{AttentionPrecision, Kernel};
 
 fn kernels(c: &mut Criterion) {
     // (name, M, N, K): Wqkv, attention Wo, Wi, MLP Wo of ruri-v3-30m; one query; a square;
@@ -90,6 +90,23 @@ fn kernels(c: &mut Criterion) {
         group.bench_function(format!("text_{len}"), |b| {
             b.iter(|| std::hint::black_box(attention.run()))
         });
+    }
+    // bf16 attention (`AttentionPrecision::Bf16`): AVX-512 BF16's tiles where the CPU has
+    // them, and the portable loops that CPUs without them run.
+    for len in [23, 2048] {
+        let variants = [
+            (
+                "bf16",
+                Attention::with_precision(len, 4, 64, AttentionPrecision::Bf16),
+            ),
+            ("bf16_portable", Attention::bf16_portable(len, 4, 64)),
+        ];
+        for (name, mut attention) in variants {
+            group.throughput(Throughput::Elements(len as u64));
+            group.bench_function(format!("text_{len}_{name}"), |b| {
+                b.iter(|| std::hint::black_box(attention.run()))
+            });
+        }
     }
     group.finish();
     // Staging int8 inputs: 64 rows of the hidden width (Wqkv, attention Wo, Wi) and of the

@@ -325,12 +325,35 @@ pub mod bench {
             Self::with_precision(len, heads, d, crate::AttentionPrecision::F32)
         }
 
-        /// [`new`](Self::new) with attention's products in `precision`.
+        /// [`new`](Self::new) with attention's products in `precision` (bf16: where this CPU
+        /// runs them fastest).
         pub fn with_precision(
             len: usize,
             heads: usize,
             d: usize,
             precision: crate::AttentionPrecision,
+        ) -> Self {
+            let bf16 = (precision == crate::AttentionPrecision::Bf16)
+                .then(crate::kernels::bf16::Products::detect);
+            Self::with_products(len, heads, d, bf16)
+        }
+
+        /// [`new`](Self::new) with bf16 attention in the portable loops that CPUs without
+        /// AVX-512 BF16 run (the same bits as the tiles).
+        pub fn bf16_portable(len: usize, heads: usize, d: usize) -> Self {
+            Self::with_products(
+                len,
+                heads,
+                d,
+                Some(crate::kernels::bf16::Products::Portable),
+            )
+        }
+
+        fn with_products(
+            len: usize,
+            heads: usize,
+            d: usize,
+            bf16: Option<crate::kernels::bf16::Products>,
         ) -> Self {
             let value =
                 |i: usize| ((i.wrapping_mul(2_654_435_761) >> 7) % 4001) as f32 / 1000.0 - 2.0;
@@ -339,8 +362,7 @@ pub mod bench {
                 positions: (0..len as u32).collect(),
                 heads,
                 d,
-                bf16: (precision == crate::AttentionPrecision::Bf16)
-                    .then(crate::kernels::bf16::Products::detect),
+                bf16,
                 scratch: Default::default(),
                 out: vec![0.0; len * heads * d],
             }

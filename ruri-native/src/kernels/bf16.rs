@@ -282,22 +282,126 @@ fn scores_body(
     out: &mut [f32],
 ) {
     let half = d / 2;
-    let width = groups * LANES;
     assert!(q.len() >= rows * half && kt.len() >= (g_lo + groups) * half * LANES);
-    assert!(out.len() >= rows * width);
+    assert!(out.len() >= rows * groups * LANES);
+    let (q, kt) = (
+        &q[..rows * half],
+        &kt[g_lo * half * LANES..(g_lo + groups) * half * LANES],
+    );
+    if f32_is_exact(exponents(q), exponents(kt), d) {
+        score_loops::<true>(q, rows, half, kt, groups, out)
+    } else {
+        score_loops::<false>(q, rows, half, kt, groups, out)
+    }
+}
+
+/// [`scores_body`]'s loops, with [`dot_pair`] or (`FAST`, where [`f32_is_exact`] says it
+/// gives the same bits) [`dot_pair_f32`]; `kt` from the first group read. Four groups at a
+/// time: four independent sums in registers (one sum's chain of adds left most of each
+/// add's latency exposed).
+#[inline(always)]
+fn score_loops<const FAST: bool>(
+    q: &[u32],
+    rows: usize,
+    half: usize,
+    kt: &[u32],
+    groups: usize,
+    out: &mut [f32],
+) {
+    let width = groups * LANES;
+    let dot = |acc: f32, a: u32, b: u32| {
+        if FAST {
+            dot_pair_f32(acc, a, b)
+        } else {
+            dot_pair(acc, a, b)
+        }
+    };
+    let group = |g: usize| &kt[g * half * LANES..(g + 1) * half * LANES];
     for r in 0..rows {
         let qr = &q[r * half..(r + 1) * half];
-        for g in 0..groups {
-            let group = &kt[(g_lo + g) * half * LANES..(g_lo + g + 1) * half * LANES];
-            let mut acc = [0.0f32; LANES];
-            for (&qc, keys) in qr.iter().zip(group.chunks_exact(LANES)) {
-                for (a, &k) in acc.iter_mut().zip(keys) {
-                    *a = dot_pair(*a, qc, k);
+        let row = &mut out[r * width..(r + 1) * width];
+        let mut g = 0;
+        while g + 4 <= groups {
+            let mut acc = [[0.0f32; LANES]; 4];
+            let four = [group(g), group(g + 1), group(g + 2), group(g + 3)];
+            for (c, &qc) in qr.iter().enumerate() {
+                for (acc, keys) in acc.iter_mut().zip(&four) {
+                    let keys: &[u32; LANES] = keys[c * LANES..(c + 1) * LANES]
+                        .try_into()
+                        .expect("a group's lanes");
+                    for (a, &k) in acc.iter_mut().zip(keys) {
+                        *a = dot(*a, qc, k);
+                    }
                 }
             }
-            out[r * width + g * LANES..r * width + (g + 1) * LANES].copy_from_slice(&acc);
+            for (n, acc) in acc.iter().enumerate() {
+                row[(g + n) * LANES..(g + n + 1) * LANES].copy_from_slice(acc);
+            }
+            g += 4;
+        }
+        for g in g..groups {
+            let mut acc = [0.0f32; LANES];
+            for (&qc, keys) in qr.iter().zip(group(g).chunks_exact(LANES)) {
+                for (a, &k) in acc.iter_mut().zip(keys) {
+                    *a = dot(*a, qc, k);
+                }
+            }
+            row[g * LANES..(g + 1) * LANES].copy_from_slice(&acc);
         }
     }
+}
+
+/// [`dot_pair`] in f32 operations: the same bits where every product is exact in f32 and no
+/// sum is subnormal or overflows ([`f32_is_exact`] says when), and several times faster
+/// than its f64 steps in the portable loops.
+#[inline(always)]
+fn dot_pair_f32(acc: f32, a: u32, b: u32) -> f32 {
+    let (a_even, a_odd) = unpair(a);
+    let (b_even, b_odd) = unpair(b);
+    (acc + a_odd * b_odd) + a_even * b_even
+}
+
+/// The smallest and the largest biased exponent of the nonzero bfloat16 in `x` (its two
+/// halves each, or the values themselves): `(255, 0)` if there is none.
+#[inline(always)]
+fn exponents<T: Copy + Into<u32>>(x: &[T]) -> (u32, u32) {
+    let halves = if std::mem::size_of::<T>() == 4 { 2 } else { 1 };
+    // In lanes (the loop vectorizes), then the lanes.
+    let (mut lo, mut hi) = ([255u32; LANES], [0u32; LANES]);
+    let (chunks, rest) = x.as_chunks::<LANES>();
+    let add = |lo: &mut u32, hi: &mut u32, v: T| {
+        let v: u32 = v.into();
+        for h in 0..halves {
+            let e = (v >> (16 * h + 7)) & 0xff;
+            // Exponent 0 is a zero (subnormals were flushed by `to_bf16`).
+            *lo = (*lo).min(if e == 0 { 255 } else { e });
+            *hi = (*hi).max(e);
+        }
+    };
+    for chunk in chunks {
+        for ((lo, hi), &v) in lo.iter_mut().zip(&mut hi).zip(chunk) {
+            add(lo, hi, v);
+        }
+    }
+    for ((lo, hi), &v) in lo.iter_mut().zip(&mut hi).zip(rest) {
+        add(lo, hi, v);
+    }
+    (
+        lo.iter().copied().min().unwrap_or(255),
+        hi.iter().copied().max().unwrap_or(0),
+    )
+}
+
+/// Whether sums of up to `terms` products of a bfloat16 with biased exponents in `a` and
+/// one in `b` are [`dot_pair`]'s bits in plain f32 arithmetic: every product's lowest bit
+/// is at least 2⁻¹²⁶ (`a.0 + b.0 − 268 ≥ −126`), so every product is a normal f32, exact,
+/// and every sum a multiple of that bit (a nonzero one is never subnormal: no flush
+/// changes it); and no sum can reach 2¹²⁸ (`a.1 + b.1 − 252 + ⌈log₂ terms⌉ ≤ 127`). An
+/// f32 add then rounds the exact sum once, as `dot_pair` does.
+#[inline(always)]
+fn f32_is_exact(a: (u32, u32), b: (u32, u32), terms: usize) -> bool {
+    let log2_terms = usize::BITS - terms.max(1).saturating_sub(1).leading_zeros();
+    a.0 + b.0 >= 142 && a.1 + b.1 + log2_terms <= 379
 }
 
 /// [`to_bf16`] of an exp of [`exp2_nonpositive`] (a normal f32 in [2⁻¹²⁶, 1], or 0, or
@@ -332,15 +436,65 @@ fn weighted_sum_body(
     assert!(rows == 0 || pairs == 0 || (rows - 1) * p_row + 2 * pairs <= p.len());
     assert!(v.len() >= pairs * d);
     assert!(super::simd_f32::holds_rows(out.len(), rows, out_stride, d));
+    let v = &v[..pairs * d];
+    let v_range = exponents(v);
     for r in 0..rows {
         let o = &mut out[r * out_stride..r * out_stride + d];
-        o.fill(0.0);
-        for (jp, vj) in v.chunks_exact(d).take(pairs).enumerate() {
-            let pj = pair_at(p, r * p_row + 2 * jp);
-            for (a, &x) in o.iter_mut().zip(vj) {
-                *a = dot_pair(*a, pj, x);
+        let pr = &p[r * p_row..r * p_row + 2 * pairs];
+        if f32_is_exact(exponents(pr), v_range, 2 * pairs) {
+            sum_loops::<true>(pr, v, d, o)
+        } else {
+            sum_loops::<false>(pr, v, d, o)
+        }
+    }
+}
+
+/// One row of [`weighted_sum_body`], with [`dot_pair`] or (`FAST`) [`dot_pair_f32`]: the
+/// channels 64 at a time in registers over all pairs (four independent sums), then 16 at a
+/// time, then one at a time.
+#[inline(always)]
+fn sum_loops<const FAST: bool>(p: &[u16], v: &[u32], d: usize, o: &mut [f32]) {
+    let dot = |acc: f32, a: u32, b: u32| {
+        if FAST {
+            dot_pair_f32(acc, a, b)
+        } else {
+            dot_pair(acc, a, b)
+        }
+    };
+    let pairs = v.len() / d.max(1);
+    let weights = &p[..2 * pairs];
+    let mut c0 = 0;
+    while c0 + 4 * LANES <= d {
+        let mut acc = [0.0f32; 4 * LANES];
+        for (two, values) in weights.as_chunks::<2>().0.iter().zip(v.chunks_exact(d)) {
+            let pj = u32::from(two[0]) | (u32::from(two[1]) << 16);
+            let values: &[u32; 4 * LANES] =
+                values[c0..c0 + 4 * LANES].try_into().expect("64 channels");
+            for (a, &x) in acc.iter_mut().zip(values) {
+                *a = dot(*a, pj, x);
             }
         }
+        o[c0..c0 + 4 * LANES].copy_from_slice(&acc);
+        c0 += 4 * LANES;
+    }
+    while c0 + LANES <= d {
+        let mut acc = [0.0f32; LANES];
+        for (two, values) in weights.as_chunks::<2>().0.iter().zip(v.chunks_exact(d)) {
+            let pj = u32::from(two[0]) | (u32::from(two[1]) << 16);
+            let values: &[u32; LANES] = values[c0..c0 + LANES].try_into().expect("16 channels");
+            for (a, &x) in acc.iter_mut().zip(values) {
+                *a = dot(*a, pj, x);
+            }
+        }
+        o[c0..c0 + LANES].copy_from_slice(&acc);
+        c0 += LANES;
+    }
+    for c in c0..d {
+        let mut acc = 0.0f32;
+        for jp in 0..pairs {
+            acc = dot(acc, pair_at(p, 2 * jp), v[jp * d + c]);
+        }
+        o[c] = acc;
     }
 }
 
@@ -443,6 +597,22 @@ mod tests {
     /// An f32 from its bfloat16 bits.
     fn widen(b: u32) -> f32 {
         f32::from_bits(b << 16)
+    }
+
+    #[test]
+    fn the_f32_check_has_the_bounds_it_states() {
+        // Products' lowest bits: 2^(a + b − 268) ≥ 2⁻¹²⁶ iff a + b ≥ 142.
+        assert!(f32_is_exact((71, 100), (71, 100), 64));
+        assert!(!f32_is_exact((70, 100), (71, 100), 64));
+        // Sums of 64 terms below 2^(a + b − 252 + 6) ≤ 2¹²⁷ … iff a + b + 6 ≤ 379.
+        assert!(f32_is_exact((127, 186), (127, 187), 64));
+        assert!(!f32_is_exact((127, 187), (127, 187), 64));
+        assert!(!f32_is_exact((127, 186), (127, 187), 65));
+        // No nonzero value: every product is zero.
+        assert_eq!(exponents::<u32>(&[0, 0x8000_8000]), (255, 0));
+        assert!(f32_is_exact((255, 0), (1, 254), 64));
+        assert_eq!(exponents::<u16>(&[0x3f80, 0x0080, 0]), (1, 127));
+        assert_eq!(exponents::<u32>(&[0x3f80_0000 | 0x4000]), (127, 128));
     }
 
     #[test]
@@ -566,6 +736,38 @@ mod tests {
                     .collect();
                 prop_assert_eq!(&got, want);
                 prop_assert_eq!(inv[r].to_bits(), want_inv.to_bits());
+            }
+        }
+
+        /// Where [`f32_is_exact`] holds, plain f32 folds give `dot_pair`'s bits: operands
+        /// drawn around both of its bounds (products near 2⁻¹²⁶, sums near 2¹²⁸), with zeros.
+        #[test]
+        fn f32_folds_are_exact_where_the_check_says_so(
+            pairs in 1usize..40,
+            (a_lo, b_lo) in prop_oneof![(60u32..80, 60u32..80), (180u32..195, 180u32..195)],
+            span in 1u32..12,
+            seed in any::<u64>(),
+        ) {
+            let mut state = seed | 1;
+            let mut draw = |lo: u32| -> u32 {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                if state % 7 == 0 {
+                    return 0;
+                }
+                let exp = lo + (state >> 20) as u32 % span;
+                ((state >> 8) as u32 & 1) << 15 | exp << 7 | (state >> 32) as u32 & 0x7f
+            };
+            let a: Vec<u32> = (0..pairs).map(|_| draw(a_lo) | draw(a_lo) << 16).collect();
+            let b: Vec<u32> = (0..pairs).map(|_| draw(b_lo) | draw(b_lo) << 16).collect();
+            let exact = f32_is_exact(exponents(&a), exponents(&b), 2 * pairs);
+            let fold = |dot: fn(f32, u32, u32) -> f32| {
+                a.iter().zip(&b).fold(0.0f32, |acc, (&x, &y)| dot(acc, x, y))
+            };
+            let (slow, fast) = (fold(dot_pair), fold(dot_pair_f32));
+            if exact {
+                prop_assert_eq!(slow.to_bits(), fast.to_bits());
             }
         }
 
