@@ -180,14 +180,7 @@ fn attend_rows(
         &scratch.v
     };
     for_each_block(positions, window, |b| {
-        let Block {
-            first,
-            rows,
-            lo,
-            hi,
-            width,
-            ref own,
-        } = *b;
+        let (first, rows, lo, hi, width) = (b.first, b.rows, b.lo, b.hi, b.width);
         // `scores` writes every one of the block's `rows × width` values: grown, not cleared.
         if scratch.scores.len() < rows * width {
             scratch.scores.resize(rows * width, 0.0);
@@ -206,7 +199,7 @@ fn attend_rows(
         );
         // Zero outside each query's own keys: the block's weighted sum runs over the union
         // [lo, hi), and a zero term changes no sum.
-        simd_f32::softmax_rows(scores, width, &own[..rows], scale);
+        simd_f32::softmax_rows(scores, width, &b.own[..rows], scale);
         let o = &mut out[first * out_stride..];
         for r in 0..rows {
             o[r * out_stride..r * out_stride + d].fill(0.0);
@@ -311,14 +304,7 @@ fn attend_bf16(
     let half = d / 2;
     q16.resize(QUERY_BLOCK * half, 0);
     for_each_block(positions, window, |b| {
-        let Block {
-            first,
-            rows,
-            lo,
-            hi,
-            width,
-            ref own,
-        } = *b;
+        let (first, rows, lo, hi, width) = (b.first, b.rows, b.lo, b.hi, b.width);
         // Every value of the block's scores and probabilities is written before it is read:
         // grown, not cleared.
         if scores.len() < rows * width {
@@ -332,7 +318,7 @@ fn attend_bf16(
         bf16::pack_queries(&head.q[first * stride..], stride, rows, d, q16);
         let groups = width / bf16::LANES;
         products.scores(q16, rows, d, kt16, lo / bf16::LANES, groups, s);
-        bf16::softmax(s, width, &own[..rows], scale, p, inv);
+        bf16::softmax(s, width, &b.own[..rows], scale, p, inv);
         // Key pairs from `lo` (even) to `hi`, the last one completed by a zero weight.
         let pairs = (hi - lo).div_ceil(2);
         let o = &mut out[first * out_stride..];

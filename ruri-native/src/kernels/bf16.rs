@@ -31,6 +31,55 @@ use super::simd_f32::multiversion;
 /// Keys per group of the packed keys (one AVX-512 vector of f32 scores).
 pub(crate) const LANES: usize = 16;
 
+/// Whether the buffers hold what [`Products::scores`] reads and writes: `q` (lengths, in
+/// values) `rows` rows of `d / 2` pairs, `kt` the groups `g_lo..g_lo + groups`, `out` `rows`
+/// rows of `groups · 16` scores; in checked arithmetic (the tiles' `unsafe` relies on it).
+pub(crate) fn scores_fit(
+    (q, kt, out): (usize, usize, usize),
+    rows: usize,
+    d: usize,
+    g_lo: usize,
+    groups: usize,
+) -> bool {
+    let group = (d / 2).checked_mul(LANES);
+    d.is_multiple_of(2)
+        && rows.checked_mul(d / 2).is_some_and(|n| n <= q)
+        && g_lo
+            .checked_add(groups)
+            .zip(group)
+            .and_then(|(g, size)| g.checked_mul(size))
+            .is_some_and(|n| n <= kt)
+        && rows
+            .checked_mul(groups)
+            .and_then(|n| n.checked_mul(LANES))
+            .is_some_and(|n| n <= out)
+}
+
+/// Whether the buffers hold what [`Products::weighted_sum`] reads and writes: `p` (lengths,
+/// in values) `rows` rows of weights `p_row` apart (even) holding `2 · pairs` each, `v`
+/// `pairs` rows of `d`, `out` `rows` rows of `d` at `out_stride`; in checked arithmetic
+/// (the tiles' `unsafe` relies on it).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn weighted_sum_fits(
+    (p, v, out): (usize, usize, usize),
+    rows: usize,
+    p_row: usize,
+    pairs: usize,
+    d: usize,
+    out_stride: usize,
+) -> bool {
+    p_row.is_multiple_of(2)
+        && (rows == 0
+            || pairs == 0
+            || (rows - 1)
+                .checked_mul(p_row)
+                .zip(pairs.checked_mul(2))
+                .and_then(|(start, n)| start.checked_add(n))
+                .is_some_and(|end| end <= p))
+        && pairs.checked_mul(d).is_some_and(|n| n <= v)
+        && super::simd_f32::holds_rows(out, rows, out_stride, d)
+}
+
 /// The bfloat16 nearest to `x` (ties to even), as the top half of its f32 bits, in the low
 /// 16 bits of the result: a subnormal gives a zero of its sign, a NaN a quiet NaN, and
 /// values beyond bfloat16's largest round to infinity.
@@ -282,8 +331,13 @@ fn scores_body(
     out: &mut [f32],
 ) {
     let half = d / 2;
-    assert!(q.len() >= rows * half && kt.len() >= (g_lo + groups) * half * LANES);
-    assert!(out.len() >= rows * groups * LANES);
+    assert!(scores_fit(
+        (q.len(), kt.len(), out.len()),
+        rows,
+        d,
+        g_lo,
+        groups
+    ));
     let (q, kt) = (
         &q[..rows * half],
         &kt[g_lo * half * LANES..(g_lo + groups) * half * LANES],
@@ -432,10 +486,10 @@ fn weighted_sum_body(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    assert!(p_row.is_multiple_of(2));
-    assert!(rows == 0 || pairs == 0 || (rows - 1) * p_row + 2 * pairs <= p.len());
-    assert!(v.len() >= pairs * d);
-    assert!(super::simd_f32::holds_rows(out.len(), rows, out_stride, d));
+    let lengths = (p.len(), v.len(), out.len());
+    assert!(weighted_sum_fits(
+        lengths, rows, p_row, pairs, d, out_stride
+    ));
     let v = &v[..pairs * d];
     let v_range = exponents(v);
     for r in 0..rows {
@@ -597,6 +651,39 @@ mod tests {
     /// An f32 from its bfloat16 bits.
     fn widen(b: u32) -> f32 {
         f32::from_bits(b << 16)
+    }
+
+    #[test]
+    fn the_size_checks_refuse_short_buffers_and_overflow() {
+        // 3 rows of d = 64, groups 1..3 of kt: q 96 pairs, kt 3 · 512, out 3 · 32.
+        assert!(scores_fit((96, 1536, 96), 3, 64, 1, 2));
+        assert!(!scores_fit((95, 1536, 96), 3, 64, 1, 2));
+        assert!(!scores_fit((96, 1535, 96), 3, 64, 1, 2));
+        assert!(!scores_fit((96, 1536, 95), 3, 64, 1, 2));
+        assert!(!scores_fit((96, 1536, 96), 3, 63, 1, 2));
+        assert!(!scores_fit(
+            (usize::MAX, usize::MAX, usize::MAX),
+            3,
+            64,
+            usize::MAX,
+            2
+        ));
+        assert!(!scores_fit(
+            (usize::MAX, usize::MAX, usize::MAX),
+            usize::MAX,
+            64,
+            0,
+            2
+        ));
+        // 2 rows of 10 weights 12 apart, 5 pairs of 16 values, out rows 20 apart.
+        assert!(weighted_sum_fits((22, 80, 36), 2, 12, 5, 16, 20));
+        assert!(!weighted_sum_fits((21, 80, 36), 2, 12, 5, 16, 20));
+        assert!(!weighted_sum_fits((22, 79, 36), 2, 12, 5, 16, 20));
+        assert!(!weighted_sum_fits((22, 80, 35), 2, 12, 5, 16, 20));
+        assert!(!weighted_sum_fits((22, 80, 36), 2, 11, 5, 16, 20));
+        let huge = (usize::MAX, usize::MAX, usize::MAX);
+        assert!(!weighted_sum_fits(huge, 3, usize::MAX - 1, 5, 16, 20));
+        assert!(!weighted_sum_fits(huge, 1, 2, usize::MAX, 16, 20));
     }
 
     #[test]

@@ -12,8 +12,7 @@
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
-use super::bf16::LANES;
-use super::simd_f32::holds_rows;
+use super::bf16::{LANES, scores_fit, weighted_sum_fits};
 
 /// Query rows per tile of scores and of weighted sums.
 const MR: usize = 4;
@@ -104,12 +103,18 @@ pub(crate) fn scores(
         "AVX-512 BF16 tiles on a CPU without them"
     );
     let half = d / 2;
-    assert!(q.len() >= rows * half && kt.len() >= (g_lo + groups) * half * LANES);
-    assert!(out.len() >= rows * groups * LANES);
+    assert!(scores_fit(
+        (q.len(), kt.len(), out.len()),
+        rows,
+        d,
+        g_lo,
+        groups
+    ));
     // SAFETY: the CPU has AVX-512F and BF16 (checked above). Tile (r, g0) reads
     // q[(r..r + mr) · half..][..half], groups g_lo + g0..g_lo + g0 + nv of kt (≤ g_lo +
     // groups, each half·16 values) and writes out[r..r + mr][16·g0..16·(g0 + nv)] (r + mr ≤
-    // rows, g0 + nv ≤ groups): inside the sizes checked above.
+    // rows, g0 + nv ≤ groups): inside the sizes `scores_fit` checked above, without
+    // overflow.
     unsafe {
         scores_tiles(
             q.as_ptr(),
@@ -243,10 +248,11 @@ pub(crate) fn weighted_sum(
         has_instructions(),
         "AVX-512 BF16 tiles on a CPU without them"
     );
-    assert!(d.is_multiple_of(LANES) && p_row.is_multiple_of(2));
-    assert!(rows == 0 || pairs == 0 || (rows - 1) * p_row + 2 * pairs <= p.len());
-    assert!(v.len() >= pairs * d);
-    assert!(holds_rows(out.len(), rows, out_stride, d));
+    assert!(d.is_multiple_of(LANES));
+    let lengths = (p.len(), v.len(), out.len());
+    assert!(weighted_sum_fits(
+        lengths, rows, p_row, pairs, d, out_stride
+    ));
     if rows == 0 || d == 0 {
         return;
     }
