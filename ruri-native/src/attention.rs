@@ -275,7 +275,7 @@ fn for_each_block(positions: &[u32], window: usize, mut f: impl FnMut(&Block)) {
     }
 }
 
-/// [`AttentionPrecision::Bf16`]'s attention of one head (`kernels::bf16` defines the
+/// [`crate::AttentionPrecision::Bf16`]'s attention of one head (`kernels::bf16` defines the
 /// arithmetic), in the blocks of [`attend_rows`], for texts of every length: q, k, v and
 /// the probabilities packed as bfloat16 pairs, the two products by `products`.
 #[allow(clippy::too_many_arguments)]

@@ -6,7 +6,7 @@
 //!
 //! The definition, per head of one text:
 //!
-//! * [`to_bf16`]: q (rotated), k, v and the probabilities are rounded to bfloat16, to
+//! * [`to_bf16`]: q (rotated), k, v and the softmax's weights are rounded to bfloat16, to
 //!   nearest even; a subnormal becomes a zero of its sign (as `vcvtne2ps2bf16` treats
 //!   denormals), a NaN a quiet NaN.
 //! * [`dot_pair`]: `acc` plus a pair of products, the odd element's product first, then the
@@ -15,7 +15,8 @@
 //! * A score is `dot_pair` folded over the head's channel pairs `(2c, 2c + 1)` in order,
 //!   from `+0`. The softmax of a query's own keys ([`softmax`]), normalized at the end as
 //!   flash attention does, in powers of two: with `c = scale · log₂e` and `m = max(s) · c`
-//!   (the max of the own keys' scores), `e = 2^(s · c − m)` ([`exp2_nonpositive`]), a total in 16 partial sums of the f32 `e`s (key `j` of the text in partial `j mod 16`,
+//!   (the max of the own keys' scores), `e = 2^(s · c − m)` ([`exp2_nonpositive`]), a
+//!   total in 16 partial sums of the f32 `e`s (key `j` of the text in partial `j mod 16`,
 //!   keys in order; then the partials in order, from `+0`), and the weights `to_bf16(e)`
 //!   (0 for the other keys). An output channel is `dot_pair` folded over the text's key
 //!   pairs `(2j, 2j + 1)` in order, from `+0`, then times `1 / total` (one rounding each).
@@ -122,9 +123,11 @@ fn flush(x: f32) -> f32 {
 
 /// `acc` plus the products of two packed pairs, odd element first: each product is exact
 /// (two 8-bit significands: exact in f64, whatever their exponents) and each sum one
-/// rounding to f32 (an f64 sum of an f32 and a product of two bfloat16, rounded to f32,
-/// rounds once: f64 has more than twice f32's significand plus two bits), flushed when
-/// subnormal. What one lane of `vdpbf16ps` does (`x86_bf16` checks that at run time).
+/// rounding to f32, flushed when subnormal. The sum is formed in f64, where it is exact
+/// unless the product lies far below the sum's last f32 bit, too far for the f64 rounding
+/// to move the f32 one (f64 has more than twice f32's significand plus two bits). What one
+/// lane of `vdpbf16ps` does (`x86_bf16` checks that at run time; the NumPy reference rounds
+/// each sum once by another route, round-to-odd, and agrees bit for bit).
 #[inline(always)]
 pub(crate) fn dot_pair(acc: f32, a: u32, b: u32) -> f32 {
     let (a_even, a_odd) = unpair(a);
@@ -152,17 +155,17 @@ fn pack_rows_body(x: &[f32], stride: usize, rows: usize, d: usize, out: &mut [u3
 }
 
 multiversion! {
-    /// Keys packed group by group, as [`Products::scores`] reads them: `out[(g · d/2 + c) · 16 + i] =
-    /// pair(k[16g + i][2c], k[16g + i][2c + 1])` for the `len` rows of `k` (row `j` is `d`
-    /// values at `j · stride`, `d` even), 0 past the last key; `out` is resized to
-    /// `⌈len / 16⌉ · d/2 · 16`.
+    /// Keys packed group by group, as [`Products::scores`] reads them:
+    /// `out[(g · d/2 + c) · 16 + i] = pair(k[16g + i][2c], k[16g + i][2c + 1])` for the
+    /// `len` rows of `k` (row `j` is `d` values at `j · stride`, `d` even), 0 past the last
+    /// key; `out` is resized to `⌈len / 16⌉ · d/2 · 16`.
     fn pack_keys / pack_keys_body(k: &[f32], stride: usize, len: usize, d: usize, out: &mut Vec<u32>)
 }
 
 multiversion! {
-    /// Values packed by pairs of keys, as [`Products::weighted_sum`] reads them: `out[p · d + c] =
-    /// pair(v[2p][c], v[2p + 1][c])`, with a zero for the key past the last of an odd
-    /// `len`; `out` is resized to `⌈len / 2⌉ · d`.
+    /// Values packed by pairs of keys, as [`Products::weighted_sum`] reads them:
+    /// `out[p · d + c] = pair(v[2p][c], v[2p + 1][c])`, with a zero for the key past the
+    /// last of an odd `len`; `out` is resized to `⌈len / 2⌉ · d`.
     fn pack_values / pack_values_body(v: &[f32], stride: usize, len: usize, d: usize, out: &mut Vec<u32>)
 }
 
@@ -244,9 +247,9 @@ impl Products {
 
     /// `out[r][c]` (row `r` at `r · out_stride`, `d` channels) = [`dot_pair`] folded from
     /// `+0` over the `pairs` key pairs of `p`'s row `r` (bfloat16 weights, a key each, rows
-    /// `p_row` apart: even) against
-    /// `v`'s pairs ([`pack_values`]' layout, from the block's first pair). Written, not added
-    /// to. The tiles take `d` a multiple of 16; other widths run the portable loops.
+    /// `p_row` apart: even) against `v`'s pairs ([`pack_values`]' layout, from the block's
+    /// first pair). Written, not added to. The tiles take `d` a multiple of 16; other widths
+    /// run the portable loops.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn weighted_sum(
         self,
@@ -451,11 +454,12 @@ fn exponents<T: Copy + Into<u32>>(x: &[T]) -> (u32, u32) {
 /// is at least 2⁻¹²⁶ (`a.0 + b.0 − 268 ≥ −126`), so every product is a normal f32, exact,
 /// and every sum a multiple of that bit (a nonzero one is never subnormal: no flush
 /// changes it); and no sum can reach 2¹²⁸ (`a.1 + b.1 − 252 + ⌈log₂ terms⌉ ≤ 127`). An
-/// f32 add then rounds the exact sum once, as `dot_pair` does.
+/// f32 add then rounds the exact sum once, as `dot_pair` does. An infinity or a NaN
+/// (exponent 255) takes `dot_pair`'s steps.
 #[inline(always)]
 fn f32_is_exact(a: (u32, u32), b: (u32, u32), terms: usize) -> bool {
     let log2_terms = usize::BITS - terms.max(1).saturating_sub(1).leading_zeros();
-    a.0 + b.0 >= 142 && a.1 + b.1 + log2_terms <= 379
+    a.0 + b.0 >= 142 && a.1 < 255 && b.1 < 255 && a.1 + b.1 + log2_terms <= 379
 }
 
 /// [`to_bf16`] of an exp of [`exp2_nonpositive`] (a normal f32 in [2⁻¹²⁶, 1], or 0, or
@@ -698,6 +702,7 @@ mod tests {
         // No nonzero value: every product is zero.
         assert_eq!(exponents::<u32>(&[0, 0x8000_8000]), (255, 0));
         assert!(f32_is_exact((255, 0), (1, 254), 64));
+        assert!(!f32_is_exact((255, 255), (120, 120), 2));
         assert_eq!(exponents::<u16>(&[0x3f80, 0x0080, 0]), (1, 127));
         assert_eq!(exponents::<u32>(&[0x3f80_0000 | 0x4000]), (127, 128));
     }

@@ -26,11 +26,7 @@ const PAIR_CHUNK: usize = 32;
 /// (checked once per process).
 pub(crate) fn available() -> bool {
     static AGREES: OnceLock<bool> = OnceLock::new();
-    *AGREES.get_or_init(|| {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bf16")
-            && agrees_with_portable()
-    })
+    *AGREES.get_or_init(|| has_instructions() && agrees_with_portable())
 }
 
 /// Scores and weighted sums of the tiles against [`super::bf16`]'s, on operands in the
@@ -87,7 +83,7 @@ fn has_instructions() -> bool {
         && std::arch::is_x86_feature_detected!("avx512bf16")
 }
 
-/// [`super::bf16::scores`] in tiles of [`MR`] queries × [`NV`] groups of keys.
+/// [`super::bf16::Products::scores`] in tiles of [`MR`] queries × [`NV`] groups of keys.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn scores(
     q: &[u32],
@@ -231,7 +227,7 @@ fn bh(x: __m512i) -> __m512bh {
     unsafe { std::mem::transmute::<__m512i, __m512bh>(x) }
 }
 
-/// [`super::bf16::weighted_sum`] in tiles of [`MR`] rows × [`NV`] vectors of channels (or
+/// [`super::bf16::Products::weighted_sum`] in tiles of [`MR`] rows × [`NV`] vectors of channels (or
 /// one vector: `d` must be a multiple of 16), over chunks of [`PAIR_CHUNK`] key pairs.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn weighted_sum(
