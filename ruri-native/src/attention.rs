@@ -303,6 +303,7 @@ fn attend_bf16(
     bf16::pack_values(head.v, stride, len, d, v16);
     let half = d / 2;
     q16.resize(QUERY_BLOCK * half, 0);
+    let whole = within_window(positions, window);
     for_each_block(positions, window, |b| {
         let (first, rows, lo, hi, width) = (b.first, b.rows, b.lo, b.hi, b.width);
         // Every value of the block's scores and probabilities is written before it is read:
@@ -317,8 +318,13 @@ fn attend_bf16(
         let p = &mut p16[..rows * width];
         bf16::pack_queries(&head.q[first * stride..], stride, rows, d, q16);
         let groups = width / bf16::LANES;
-        products.scores(q16, rows, d, kt16, lo / bf16::LANES, groups, s);
-        bf16::softmax(s, width, &b.own[..rows], scale, p, inv);
+        // A text within the window: every query's own keys are the text's (from `lo` = 0),
+        // so the tiles fold each row's max as they compute its scores.
+        let mut maxes = [f32::NEG_INFINITY; QUERY_BLOCK];
+        let row_max = whole.then_some((&mut maxes[..rows], len));
+        products.scores(q16, rows, d, kt16, (lo / bf16::LANES, groups), s, row_max);
+        let maxes = whole.then_some(&maxes[..rows]);
+        bf16::softmax(s, width, &b.own[..rows], scale, maxes, p, inv);
         // Key pairs from `lo` (even) to `hi`, the last one completed by a zero weight.
         let pairs = (hi - lo).div_ceil(2);
         let o = &mut out[first * out_stride..];

@@ -148,7 +148,9 @@ def test_bf16_attention_loads_on_native_only():
         vector = model.encode("瑠璃色はどんな色？")
         assert vector.shape == (model.get_sentence_embedding_dimension(),)
         assert np.isfinite(vector).all()
+        assert "attention='bf16'" in repr(model)
     assert ruri.Embedder(TINY, backend="native").attention == "f32"
+    assert "attention" not in repr(ruri.Embedder(TINY, backend="native"))
     assert ruri.Embedder(TINY, backend="native", attention="bfloat16").attention == "bf16"
     with pytest.raises(ruri.InputError, match=r"invalid option attention = bf16"):
         ruri.Embedder(TINY, backend="ort", attention="bf16")

@@ -174,8 +174,9 @@ multiversion! {
     /// of 16, the row's first key a multiple of 16 in the text) softmaxed over its own keys
     /// `own[r].0..own[r].1` as the module's definition says, unnormalized: `p` gets the
     /// bfloat16 weights (`own.len()` rows of `width`, 0 outside the own keys) and
-    /// `inv[r]` the row's `1 / total`.
-    fn softmax / softmax_body(s: &[f32], width: usize, own: &[(usize, usize)], scale: f32, p: &mut [u16], inv: &mut [f32])
+    /// `inv[r]` the row's `1 / total`. `maxes`: each row's max score over its own keys, if
+    /// already known ([`Products::scores`] folds it while it computes them).
+    fn softmax / softmax_body(s: &[f32], width: usize, own: &[(usize, usize)], scale: f32, maxes: Option<&[f32]>, p: &mut [u16], inv: &mut [f32])
 }
 
 /// 1.5 · 2²³ (see [`crate::math::ROUND_MAGIC`]).
@@ -226,7 +227,9 @@ impl Products {
 
     /// `out[r][16·g + i]` = the score of query `r` (`q`: rows of `d/2` packed pairs from
     /// [`pack_queries`]) against key `16 · (g_lo + g) + i` (`kt` from [`pack_keys`]), for
-    /// `rows` queries and `groups` groups.
+    /// `rows` queries and `groups` groups. With `row_max = Some((max, keys))`, also `max[r]`
+    /// = the max of row `r`'s first `keys` scores and `max[r]` as it was (`if x > m`: NaNs
+    /// left out), which [`softmax`] can take instead of reading the scores once more.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn scores(
         self,
@@ -234,14 +237,26 @@ impl Products {
         rows: usize,
         d: usize,
         kt: &[u32],
-        g_lo: usize,
-        groups: usize,
+        (g_lo, groups): (usize, usize),
         out: &mut [f32],
+        row_max: Option<(&mut [f32], usize)>,
     ) {
         match self {
-            Products::Portable => scores_portable(q, rows, d, kt, g_lo, groups, out),
+            Products::Portable => {
+                scores_portable(q, rows, d, kt, g_lo, groups, out);
+                if let Some((max, keys)) = row_max {
+                    let width = groups * LANES;
+                    for (m, row) in max[..rows].iter_mut().zip(out.chunks_exact(width)) {
+                        *m = row[..keys.min(width)]
+                            .iter()
+                            .fold(*m, |m, &x| if x > m { x } else { m });
+                    }
+                }
+            }
             #[cfg(target_arch = "x86_64")]
-            Products::Avx512Bf16 => super::x86_bf16::scores(q, rows, d, kt, g_lo, groups, out),
+            Products::Avx512Bf16 => {
+                super::x86_bf16::scores(q, rows, d, kt, g_lo, groups, out, row_max)
+            }
         }
     }
 
@@ -556,12 +571,42 @@ fn sum_loops<const FAST: bool>(p: &[u16], v: &[u32], d: usize, o: &mut [f32]) {
     }
 }
 
+/// The max of a row's scores over its own keys: the whole blocks
+/// `whole.0..whole.1`, and the lanes `own_lane` marks in the `edges` blocks that `masked`
+/// says hold other keys too. `if x > m` (one `vmaxps`), not `f32::max` (which also orders
+/// NaNs): a NaN score is left out of the max, and makes its own weight and the total NaN
+/// anyway.
+#[inline(always)]
+fn own_max(
+    blocks: &[[f32; LANES]],
+    (whole_lo, whole_hi): (usize, usize),
+    edges: [usize; 2],
+    masked: impl Fn(usize) -> bool,
+    own_lane: impl Fn(usize) -> [bool; LANES],
+) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    for block in &blocks[whole_lo.min(whole_hi)..whole_hi] {
+        for (m, &x) in lanes.iter_mut().zip(block) {
+            *m = if x > *m { x } else { *m };
+        }
+    }
+    for b in edges.into_iter().filter(|&b| masked(b)) {
+        for ((m, &x), own) in lanes.iter_mut().zip(&blocks[b]).zip(own_lane(b)) {
+            *m = if own && x > *m { x } else { *m };
+        }
+    }
+    lanes
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m })
+}
+
 #[inline(always)]
 fn softmax_body(
     s: &[f32],
     width: usize,
     own: &[(usize, usize)],
     scale: f32,
+    maxes: Option<&[f32]>,
     p: &mut [u16],
     inv: &mut [f32],
 ) {
@@ -569,6 +614,7 @@ fn softmax_body(
     assert!(width.is_multiple_of(LANES) && s.len() >= rows * width);
     let c = scale * std::f32::consts::LOG2_E;
     assert!(p.len() >= rows * width && inv.len() >= rows);
+    assert!(maxes.is_none_or(|m| m.len() >= rows));
     for (r, &(lo, hi)) in own.iter().enumerate() {
         assert!(lo <= hi && hi <= width);
         let blocks = s[r * width..(r + 1) * width].as_chunks::<LANES>().0;
@@ -588,25 +634,14 @@ fn softmax_body(
             }
             own
         };
-        // The max of the scores (a max is exact: its order does not matter).
-        let mut lanes = [f32::NEG_INFINITY; LANES];
-        // `if x > m` (one `vmaxps`), not `f32::max` (which also orders NaNs): a NaN score
-        // is left out of the max, and makes its own weight and the total NaN anyway.
-        for block in &blocks[whole_lo.min(whole_hi)..whole_hi] {
-            for (m, &x) in lanes.iter_mut().zip(block) {
-                *m = if x > *m { x } else { *m };
-            }
-        }
-        for b in edges.into_iter().filter(|&b| masked(b)) {
-            for ((m, &x), own) in lanes.iter_mut().zip(&blocks[b]).zip(own_lane(b)) {
-                *m = if own && x > *m { x } else { *m };
-            }
-        }
-        let max = lanes
-            .iter()
-            .fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m });
+        // The max of the scores (a max is exact: its order does not matter), unless given.
+        let max = match maxes {
+            Some(maxes) => maxes[r],
+            None => own_max(blocks, (whole_lo, whole_hi), edges, masked, own_lane),
+        };
         // max(s) · c is the max of the s · c (rounding is monotone).
         let max = max * c;
+
         // 2^(s · c − max), the partial sums and the weights, block after block (each lane's sum
         // in key order): the first block if masked, the whole ones, the last if masked.
         let mut partial = [0.0f32; LANES];
@@ -820,7 +855,16 @@ mod tests {
                 .map(|row| softmax_by_definition(row, lo, hi, 0.25))
                 .collect();
             let (mut p, mut inv) = (vec![7u16; rows * width], [0.0f32; 2]);
-            softmax(&s, width, &[(lo, hi), (lo, hi)], 0.25, &mut p, &mut inv);
+            softmax(&s, width, &[(lo, hi), (lo, hi)], 0.25, None, &mut p, &mut inv);
+            // Given the rows' maxes, the same bits.
+            let maxes: Vec<f32> = s
+                .chunks_exact(width)
+                .map(|row| row[lo..hi].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)))
+                .collect();
+            let (mut p2, mut inv2) = (vec![9u16; rows * width], [1.0f32; 2]);
+            softmax(&s, width, &[(lo, hi), (lo, hi)], 0.25, Some(&maxes), &mut p2, &mut inv2);
+            prop_assert_eq!(&p2, &p);
+            prop_assert_eq!(inv2.map(f32::to_bits), inv.map(f32::to_bits));
             for (r, (want, want_inv)) in expected.iter().enumerate() {
                 let got: Vec<u32> = p[r * width..(r + 1) * width]
                     .iter()
@@ -879,7 +923,8 @@ mod tests {
             pack_values(&v, stride, len, d, &mut vp);
             let groups = len.div_ceil(16);
             let mut s = vec![f32::NAN; 3 * groups * 16];
-            scores_portable(&qp, 3, d, &kt, 0, groups, &mut s);
+            let mut maxes = [f32::NEG_INFINITY; 3];
+            Products::Portable.scores(&qp, 3, d, &kt, (0, groups), &mut s, Some((&mut maxes, len)));
             let bf = |x: f32| widen(to_bf16(x));
             for r in 0..3 {
                 for j in 0..groups * 16 {
@@ -895,6 +940,9 @@ mod tests {
                     }
                     prop_assert_eq!(s[r * groups * 16 + j].to_bits(), acc.to_bits());
                 }
+                // The row's max over its `len` real keys.
+                let row = &s[r * groups * 16..r * groups * 16 + len];
+                prop_assert_eq!(maxes[r], row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)));
             }
             // Probabilities of any values, as packed pairs of rows of `width / 2`.
             let width = groups * 16;

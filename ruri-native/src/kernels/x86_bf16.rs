@@ -59,7 +59,7 @@ fn agrees_with_portable() -> bool {
         let kt = pairs(groups * d / 2 * LANES, lo, span);
         let v = pairs(len / 2 * d, lo, span);
         let (mut tiles, mut portable) = (vec![0.0; rows * len], vec![0.0; rows * len]);
-        scores(&q, rows, d, &kt, 0, groups, &mut tiles);
+        scores(&q, rows, d, &kt, 0, groups, &mut tiles, None);
         super::bf16::scores_portable(&q, rows, d, &kt, 0, groups, &mut portable);
         let p: Vec<u16> = pairs(rows * len / 2, lo, span)
             .into_iter()
@@ -83,7 +83,9 @@ fn has_instructions() -> bool {
         && std::arch::is_x86_feature_detected!("avx512bf16")
 }
 
-/// [`super::bf16::Products::scores`] in tiles of [`MR`] queries × [`NV`] groups of keys.
+/// [`super::bf16::Products::scores`] in tiles of [`MR`] queries × [`NV`] groups of keys;
+/// with `row_max`, each tile also folds its rows' scores of the first `keys` keys into
+/// `row_max[r]` (a max, which needs no order), so that the softmax need not read them again.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn scores(
     q: &[u32],
@@ -93,6 +95,7 @@ pub(crate) fn scores(
     g_lo: usize,
     groups: usize,
     out: &mut [f32],
+    row_max: Option<(&mut [f32], usize)>,
 ) {
     assert!(
         has_instructions(),
@@ -106,20 +109,28 @@ pub(crate) fn scores(
         g_lo,
         groups
     ));
+    let (max, keys) = match row_max {
+        Some((max, keys)) => {
+            assert!(max.len() >= rows);
+            (max.as_mut_ptr(), keys)
+        }
+        None => (std::ptr::null_mut(), 0),
+    };
     // SAFETY: the CPU has AVX-512F and BF16 (checked above). Tile (r, g0) reads
     // q[(r..r + mr) · half..][..half], groups g_lo + g0..g_lo + g0 + nv of kt (≤ g_lo +
-    // groups, each half·16 values) and writes out[r..r + mr][16·g0..16·(g0 + nv)] (r + mr ≤
+    // groups, each half·16 values), writes out[r..r + mr][16·g0..16·(g0 + nv)] (r + mr ≤
     // rows, g0 + nv ≤ groups): inside the sizes `scores_fit` checked above, without
-    // overflow.
+    // overflow; and, when `max` is not null, reads and writes max[r..r + mr] (≤ rows, checked
+    // above).
     unsafe {
         scores_tiles(
             q.as_ptr(),
             rows,
             half,
             kt.as_ptr(),
-            g_lo,
-            groups,
+            (g_lo, groups),
             out.as_mut_ptr(),
+            (max, keys),
         )
     }
 }
@@ -131,9 +142,9 @@ unsafe fn scores_tiles(
     rows: usize,
     half: usize,
     kt: *const u32,
-    g_lo: usize,
-    groups: usize,
+    (g_lo, groups): (usize, usize),
     out: *mut f32,
+    (max, keys): (*mut f32, usize),
 ) {
     let width = groups * LANES;
     let group = half * LANES;
@@ -143,37 +154,29 @@ unsafe fn scores_tiles(
         let mut r = 0;
         while r < rows {
             let mr = if rows - r >= MR { MR } else { 1 };
-            // SAFETY: rows r..r + mr and groups g0..g0 + nv are inside
-            // the buffers (the caller's checks, see `scores`); each call reads `half` pairs
-            // of its queries and of each of its groups and writes its own scores.
+            // SAFETY: rows r..r + mr and groups g0..g0 + nv are inside the buffers (the
+            // caller's checks, see `scores`); each call reads `half` pairs of its queries and
+            // of each of its groups, writes its own scores, and (`m` not null) the maxes of
+            // its rows.
             unsafe {
                 let (qt, k, o) = (
                     q.add(r * half),
                     kt.add((g_lo + g0) * group),
                     out.add(r * width + g0 * LANES),
                 );
+                let m = if max.is_null() { max } else { max.add(r) };
+                // The tile's keys that count towards the max.
+                let valid = |n: usize| keys.saturating_sub((g0 + n) * LANES);
                 match (mr, nv) {
-                    (MR, NV) => score_tile::<MR, NV>(qt, half, k, group, o, width),
+                    (MR, NV) => score_tile::<MR, NV>(qt, half, k, group, o, width, (m, valid(0))),
                     (MR, _) => (0..nv).for_each(|n| {
-                        score_tile::<MR, 1>(
-                            qt,
-                            half,
-                            k.add(n * group),
-                            group,
-                            o.add(n * LANES),
-                            width,
-                        )
+                        let (k, o) = (k.add(n * group), o.add(n * LANES));
+                        score_tile::<MR, 1>(qt, half, k, group, o, width, (m, valid(n)))
                     }),
-                    (_, NV) => score_tile::<1, NV>(qt, half, k, group, o, width),
+                    (_, NV) => score_tile::<1, NV>(qt, half, k, group, o, width, (m, valid(0))),
                     _ => (0..nv).for_each(|n| {
-                        score_tile::<1, 1>(
-                            qt,
-                            half,
-                            k.add(n * group),
-                            group,
-                            o.add(n * LANES),
-                            width,
-                        )
+                        let (k, o) = (k.add(n * group), o.add(n * LANES));
+                        score_tile::<1, 1>(qt, half, k, group, o, width, (m, valid(n)))
                     }),
                 }
             }
@@ -185,7 +188,8 @@ unsafe fn scores_tiles(
 
 /// `R` queries (`half` packed pairs each, consecutive) against `N` groups of keys (`group`
 /// values apart), each score folded over the pairs in order from +0, stored in rows of
-/// `width`.
+/// `width`; with `max` not null, each row's scores of its first `valid` keys folded into
+/// `max[r]` (`if x > m`: a NaN score is left out, as the softmax's own max does).
 #[target_feature(enable = "avx512f,avx512bf16")]
 #[inline]
 unsafe fn score_tile<const R: usize, const N: usize>(
@@ -195,6 +199,7 @@ unsafe fn score_tile<const R: usize, const N: usize>(
     group: usize,
     out: *mut f32,
     width: usize,
+    (max, valid): (*mut f32, usize),
 ) {
     let mut acc = [[_mm512_setzero_ps(); N]; R];
     for c in 0..half {
@@ -216,6 +221,26 @@ unsafe fn score_tile<const R: usize, const N: usize>(
         for (n, &a) in acc.iter().enumerate() {
             // SAFETY: score row r, keys 16·n..16·n + 16 of the tile's groups (see the caller).
             unsafe { _mm512_storeu_ps(out.add(r * width + n * LANES), a) };
+        }
+    }
+    if max.is_null() {
+        return;
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        let mut lanes = _mm512_set1_ps(f32::NEG_INFINITY);
+        for (n, &a) in acc.iter().enumerate() {
+            let count = valid.saturating_sub(n * LANES).min(LANES);
+            let mask = ((1u32 << count) - 1) as __mmask16;
+            // max(a, lanes) is `a > lanes ? a : lanes`: a NaN score keeps the lane.
+            lanes = _mm512_mask_max_ps(lanes, mask, a, lanes);
+        }
+        let m = _mm512_reduce_max_ps(lanes);
+        // SAFETY: the max of row r of the tile (see the caller).
+        unsafe {
+            let slot = max.add(r);
+            if m > *slot {
+                *slot = m;
+            }
         }
     }
 }
@@ -430,10 +455,18 @@ mod tests {
             let kt = packed(seed ^ 1, (g_lo + groups) * half * LANES, lo, span);
             let width = groups * LANES;
             let (mut tiles, mut portable) = (vec![1.0; rows * width], vec![2.0; rows * width]);
-            scores(&q, rows, d, &kt, g_lo, groups, &mut tiles);
+            let mut maxes = vec![f32::NEG_INFINITY; rows];
+            let keys = groups * LANES - pairs % 16;
+            scores(&q, rows, d, &kt, g_lo, groups, &mut tiles, Some((&mut maxes, keys)));
             super::super::bf16::scores_portable(&q, rows, d, &kt, g_lo, groups, &mut portable);
             let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
             prop_assert_eq!(bits(&tiles), bits(&portable));
+            // The tiles' row maxes: each row's max over its first `keys` scores.
+            for (r, &m) in maxes.iter().enumerate() {
+                let row = &portable[r * groups * LANES..r * groups * LANES + keys];
+                let want = row.iter().fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+                prop_assert_eq!(m.to_bits(), want.to_bits());
+            }
 
             let p_row = 2 * pairs + 6;
             let p: Vec<u16> = packed(seed ^ 2, rows * p_row / 2, lo, span)

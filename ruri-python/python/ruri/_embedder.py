@@ -434,8 +434,10 @@ class Embedder:
         return self._engine.token_counts(texts, prompt=prompt)
 
     def __repr__(self) -> str:
+        # The attention only when it is not the default, as the constructor takes it.
+        attention = "" if self.attention == "f32" else f", attention={self.attention!r}"
         return (f"ruri.Embedder({self.model_path!r}, backend={self.backend!r}, "
-                f"precision={self.precision!r}, whitespace={self.whitespace!r}, "
+                f"precision={self.precision!r}, whitespace={self.whitespace!r}{attention}, "
                 f"dim={self._engine.dim}, max_seq_length={self.max_seq_length})")
 
     @staticmethod

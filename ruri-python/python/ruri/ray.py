@@ -106,7 +106,8 @@ class Embed:
             reserved for the actor (``num_cpus``), so actors sharing a node do not
             oversubscribe it; outside Ray, the backend's default.
         **embedder_kwargs: Any other :class:`ruri.Embedder` argument (``whitespace``,
-            ``revision``, ``cache_folder``, ``local_files_only``, ``max_batch_tokens``, …).
+            ``attention``, ``prequantized``, ``revision``, ``cache_folder``,
+            ``local_files_only``, ``max_batch_tokens``, …).
 
     Raises:
         ruri.InputError: An unknown ``task``, or (when called) a batch without
