@@ -76,6 +76,7 @@ impl Rope {
     /// `position` (`x·cos + rotate_half(x)·sin`, the whole head). Past the cached positions
     /// the angles come from `past`, computed there the first time a call needs them (the
     /// same values: [`Rope::angle`]), so that a long text's layers compute them once.
+    #[cfg(test)]
     fn apply_heads(
         &self,
         row: &mut [f32],
@@ -84,21 +85,33 @@ impl Rope {
         position: usize,
         past: &mut RopePast,
     ) {
+        self.extend(past, d, position + 1);
+        self.rotate(row, heads, d, position, past);
+    }
+
+    /// Makes `past` hold the angles of every position below `end` past the cached ones.
+    fn extend(&self, past: &mut RopePast, d: usize, end: usize) {
+        let half = d / 2;
+        let cached = self.cos.len() / half.max(1);
+        while cached + past.cos.len() / half.max(1) < end && half > 0 {
+            let p = cached + past.cos.len() / half;
+            for j in 0..half {
+                let (s, c) = self.angle(p, j);
+                past.sin.push(s);
+                past.cos.push(c);
+            }
+        }
+    }
+
+    /// [`apply_heads`](Self::apply_heads) with `past` already [extended](Self::extend)
+    /// to `position`.
+    fn rotate(&self, row: &mut [f32], heads: usize, d: usize, position: usize, past: &RopePast) {
         let half = d / 2;
         let (sin, cos): (&[f32], &[f32]) = if position * half + half <= self.cos.len() {
             let at = position * half..position * half + half;
             (&self.sin[at.clone()], &self.cos[at])
         } else {
-            let cached = self.cos.len() / half.max(1);
-            let i = position - cached;
-            while past.cos.len() < (i + 1) * half {
-                let p = cached + past.cos.len() / half;
-                for j in 0..half {
-                    let (s, c) = self.angle(p, j);
-                    past.sin.push(s);
-                    past.cos.push(c);
-                }
-            }
+            let i = position - self.cos.len() / half.max(1);
             let at = i * half..(i + 1) * half;
             (&past.sin[at.clone()], &past.cos[at])
         };
@@ -926,10 +939,29 @@ impl Model {
             let range = packed.text(t);
             let positions = &packed.positions[range.clone()];
             let qkv = &mut s.qkv[range.start * 3 * h..range.end * 3 * h];
-            // Wqkv's output is viewed as (3, heads, head_dim): q, k, v, each head contiguous.
-            for (row, &p) in qkv.chunks_exact_mut(3 * h).zip(positions) {
-                // q's heads, then k's: the first 2·heads head vectors of the row.
-                rope.apply_heads(row, 2 * heads, d, p as usize, past);
+            // Wqkv's output is viewed as (3, heads, head_dim): q, k, v, each head contiguous;
+            // q's heads, then k's, are the first 2·heads head vectors of a row.
+            let end = positions.iter().max().map_or(0, |&p| p as usize + 1);
+            rope.extend(past, d, end);
+            let past = &*past;
+            let rotate = |rows: &mut [f32], positions: &[u32]| {
+                for (row, &p) in rows.chunks_exact_mut(3 * h).zip(positions) {
+                    rope.rotate(row, 2 * heads, d, p as usize, past);
+                }
+            };
+            match pool {
+                // A long text's rows on the workers (on the caller alone they were ≈ 1 % of
+                // an 8,192-token text's samples, with the other core idle).
+                Some(pool) if positions.len() >= ROTATE_SPLIT_MIN_TOKENS => {
+                    let per = positions.len().div_ceil(pool.current_num_threads());
+                    let rotate = &rotate;
+                    pool.scope(|scope| {
+                        for (rows, ps) in qkv.chunks_mut(per * 3 * h).zip(positions.chunks(per)) {
+                            scope.spawn(move |_| rotate(rows, ps));
+                        }
+                    });
+                }
+                _ => rotate(qkv, positions),
             }
             let ctx = &mut s.ctx[range.start * h..range.end * h];
             let precision = self.bf16_products();
@@ -1006,6 +1038,10 @@ impl Scratch {
     }
 }
 
+/// Texts of at least this many tokens have their rows rotated, and their heads' outputs
+/// copied into the context rows, on the pool's workers.
+const ROTATE_SPLIT_MIN_TOKENS: usize = 512;
+
 /// Texts shorter than this run their heads one after another even when a pool is given.
 const HEAD_SPLIT_MIN_TOKENS: usize = 8;
 
@@ -1081,10 +1117,27 @@ fn attend(
                     });
                 }
             });
-            for (head, out) in outs.iter().enumerate() {
-                for (row, o) in ctx.chunks_exact_mut(h).zip(out.chunks_exact(d)) {
-                    row[head * d..(head + 1) * d].copy_from_slice(o);
+            // Each head's output into its columns of ctx's rows; a long text's rows on the
+            // workers.
+            let outs = &outs;
+            let copy = |rows: &mut [f32], first: usize| {
+                for (i, row) in rows.chunks_exact_mut(h).enumerate() {
+                    for (head, out) in outs.iter().enumerate() {
+                        let from = &out[(first + i) * d..(first + i + 1) * d];
+                        row[head * d..(head + 1) * d].copy_from_slice(from);
+                    }
                 }
+            };
+            if len >= ROTATE_SPLIT_MIN_TOKENS {
+                let per = len.div_ceil(pool.current_num_threads());
+                let copy = &copy;
+                pool.scope(|scope| {
+                    for (k, rows) in ctx.chunks_mut(per * h).enumerate() {
+                        scope.spawn(move |_| copy(rows, k * per));
+                    }
+                });
+            } else {
+                copy(ctx, 0);
             }
         }
         _ => {
