@@ -37,7 +37,7 @@ head, with Q, K, V = bf16(q), bf16(k), bf16(v) (q and k after RoPE):
   * softmax over the query's own keys J_i, normalized at the end (as flash attention does), in
     powers of two: c = f32(scale * f32(log2 e)), m = f32(max_{j in J_i} s[i][j] * c),
     e_j = exp2_nonpositive(f32(f32(s[i][j] * c) - m)) (y raised to -125.5 if below, n = rint(y),
-    2^(y - n) by a Taylor polynomial to the 5th power, times 2^n: see `exp2_nonpositive`), total =
+    2^(y - n) by the engine's degree-4 polynomial, times 2^n: see `exp2_nonpositive`), total =
     16 partial sums of the float32 e_j (key j in partial j mod 16, its index in the text; each
     partial in ascending j, from +0) added 0..15 from +0, weights P[i][j] = bf16(e_j), 0 for
     the keys outside J_i;
@@ -178,18 +178,24 @@ def exp_engine(x: np.ndarray) -> np.ndarray:
     return ((p * two_a).astype(F) * two_b).astype(F)
 
 
+# 2^f on [-1/2, 1/2] as 1 + f (B1 + f (B2 + f (B3 + f B4))): the engine's fit (ruri-native
+# kernels/bf16.rs `exp2_nonpositive`), float32 values from their bits.
+EXP2_COEFFICIENTS = np.array([0x3F317096, 0x3E7601BC, 0x3D64FE24, 0x3C1D0164],
+                             dtype=np.uint32).view(F)
+
+
 def exp2_nonpositive(y: np.ndarray) -> np.ndarray:
     """2^y for y <= 0 as bf16 attention's softmax defines it, in float32 steps: y raised to -125.5
     if below (NaN stays), n = rint(y) (ties to even), f = y - n, 2^f by Horner's steps of the
-    Taylor polynomial of e^(f ln 2) to the 5th power (coefficients ln(2)^k / k! rounded to
-    float32), times 2^n from the exponent bits (n >= -126)."""
+    engine's degree-4 polynomial, times 2^n from the exponent bits (n >= -126)."""
     y = y.astype(F)
     y = np.where(y < F(-125.5), F(-125.5), y).astype(F)
     n = np.rint(y).astype(F)
     f = (y - n).astype(F)
-    p = F(math.log(2) ** 5 / 120)
-    for k in (4, 3, 2, 1):
-        p = (F(math.log(2) ** k / math.factorial(k)) + f * p).astype(F)
+    b1, b2, b3, b4 = EXP2_COEFFICIENTS
+    p = (b3 + f * b4).astype(F)
+    p = (b2 + f * p).astype(F)
+    p = (b1 + f * p).astype(F)
     p = (F(1) + f * p).astype(F)
     two_n = ((n.astype(np.int32) + 127).astype(np.uint32) << 23).view(F)
     return (p * two_n).astype(F)
