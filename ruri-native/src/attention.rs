@@ -343,6 +343,19 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// `n` values in `[−spread/2, spread/2)` from a xorshift of `seed`.
+    fn random_rows(n: usize, seed: u64, spread: f32) -> Vec<f32> {
+        let mut state = seed | 1;
+        (0..n)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * spread
+            })
+            .collect()
+    }
+
     /// A head read in place from rows of `3 · h` values (q, k, v side by side, as in Wqkv's
     /// output), with the head's columns at `offset`.
     fn attend(
@@ -386,15 +399,7 @@ mod tests {
             sharp in prop_oneof![Just(1.0f32), Just(40.0f32)],
         ) {
             let h = 2 * d + 16;
-            let mut state = seed | 1;
-            let qkv: Vec<f32> = (0..len * 3 * h)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * sharp
-                })
-                .collect();
+            let qkv = random_rows(len * 3 * h, seed, sharp);
             for offset in [0, d] {
                 let rows = attend(&qkv, h, offset, d, len, false);
                 let columns = attend(&qkv, h, offset, d, len, true);
@@ -425,15 +430,7 @@ mod tests {
             seed in any::<u64>(),
         ) {
             let h = 2 * d + 16;
-            let mut state = seed | 1;
-            let qkv: Vec<f32> = (0..len * 3 * h)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 6.0
-                })
-                .collect();
+            let qkv = random_rows(len * 3 * h, seed, 6.0);
             let positions: Vec<u32> = (0..len as u32)
                 .map(|i| if gaps { i * 3 + i % 2 } else { i })
                 .collect();
