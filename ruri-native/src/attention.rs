@@ -12,6 +12,9 @@
 //! are `QUERY_BLOCK × keys in its windows`. A short text within the window computes the
 //! same sums on its scores transposed (a column per query), which spares its softmax the
 //! sums and maxima across a vector's lanes ([`attend_head`] chooses; the bits are the same).
+//!
+//! With [`crate::AttentionPrecision::Bf16`] every text takes the same blocks with the
+//! arithmetic of `crate::kernels::bf16` instead ([`attend_bf16`]).
 
 use crate::kernels::bf16;
 use crate::kernels::simd_f32;
@@ -39,7 +42,8 @@ pub(crate) struct AttentionScratch {
     kt: Vec<f32>,
     v: Vec<f32>,
     scores: Vec<f32>,
-    /// bf16 attention's packed keys, values, queries and probabilities (`kernels::bf16`).
+    /// bf16 attention's packed keys, values and queries, its softmax weights, and each
+    /// row's `1 / total` (`kernels::bf16`).
     kt16: Vec<u32>,
     v16: Vec<u32>,
     q16: Vec<u32>,
@@ -276,8 +280,9 @@ fn for_each_block(positions: &[u32], window: usize, mut f: impl FnMut(&Block)) {
 }
 
 /// [`crate::AttentionPrecision::Bf16`]'s attention of one head (`kernels::bf16` defines the
-/// arithmetic), in the blocks of [`attend_rows`], for texts of every length: q, k, v and
-/// the probabilities packed as bfloat16 pairs, the two products by `products`.
+/// arithmetic), in the blocks of [`attend_rows`], for texts of every length: q, k, v packed
+/// as bfloat16 pairs, the softmax's weights as bfloat16, the two products by `products`, the
+/// outputs normalized last.
 #[allow(clippy::too_many_arguments)]
 fn attend_bf16(
     head: &Head<'_>,
