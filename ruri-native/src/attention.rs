@@ -348,6 +348,12 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// What the outputs' buffers start with, outside every value [`random_rows`] makes and
+    /// every weighted average of them (the spreads here are at most 40): a column that still
+    /// holds it was not written. (7.5 was in the range: a one-hot attention copied a value of
+    /// exactly 7.5 and failed the check, once in CI.)
+    const UNWRITTEN: f32 = 1000.5;
+
     /// `n` values in `[−spread/2, spread/2)` from a xorshift of `seed`.
     fn random_rows(n: usize, seed: u64, spread: f32) -> Vec<f32> {
         let mut state = seed | 1;
@@ -380,7 +386,7 @@ mod tests {
         };
         let positions: Vec<u32> = (0..len as u32).collect();
         // Out rows of `h`, the head's columns at `offset`; the other columns must stay.
-        let mut out = vec![7.5f32; len * h];
+        let mut out = vec![UNWRITTEN; len * h];
         let mut scratch = AttentionScratch::default();
         let out_part = &mut out[offset..];
         if columns {
@@ -412,8 +418,8 @@ mod tests {
                 prop_assert_eq!(bits(&columns), bits(&rows), "len {} d {} offset {}", len, d, offset);
                 // The head's columns were written, the others kept.
                 for row in columns.chunks_exact(h) {
-                    prop_assert!(row[..offset].iter().chain(&row[offset + d..]).all(|&x| x == 7.5));
-                    prop_assert!(row[offset..offset + d].iter().all(|&x| x != 7.5 && x.is_finite()));
+                    prop_assert!(row[..offset].iter().chain(&row[offset + d..]).all(|&x| x == UNWRITTEN));
+                    prop_assert!(row[offset..offset + d].iter().all(|&x| x != UNWRITTEN && x.is_finite()));
                 }
             }
         }
@@ -447,7 +453,7 @@ mod tests {
                     stride: 3 * h,
                     d,
                 };
-                let mut out = vec![7.5f32; len * h];
+                let mut out = vec![UNWRITTEN; len * h];
                 let mut scratch = AttentionScratch::default();
                 attend_head(
                     &head,
@@ -463,7 +469,7 @@ mod tests {
             };
             let portable = run(bf16::Products::Portable);
             for row in portable.chunks_exact(h) {
-                prop_assert!(row[..d].iter().chain(&row[2 * d..]).all(|&x| x == 7.5));
+                prop_assert!(row[..d].iter().chain(&row[2 * d..]).all(|&x| x == UNWRITTEN));
                 prop_assert!(row[d..2 * d].iter().all(|x| x.is_finite()));
             }
             let tiles = run(bf16::Products::detect());
