@@ -346,26 +346,14 @@ fn attend_bf16(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::bf16::tests::values;
     use proptest::prelude::*;
 
-    /// What the outputs' buffers start with, outside every value [`random_rows`] makes and
+    /// What the outputs' buffers start with, outside every value [`values`] makes and
     /// every weighted average of them (the spreads here are at most 40): a column that still
     /// holds it was not written. (7.5 was in the range: a one-hot attention copied a value of
     /// exactly 7.5 and failed the check, once in CI.)
     const UNWRITTEN: f32 = 1000.5;
-
-    /// `n` values in `[−spread/2, spread/2)` from a xorshift of `seed`.
-    fn random_rows(n: usize, seed: u64, spread: f32) -> Vec<f32> {
-        let mut state = seed | 1;
-        (0..n)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * spread
-            })
-            .collect()
-    }
 
     /// A head read in place from rows of `3 · h` values (q, k, v side by side, as in Wqkv's
     /// output), with the head's columns at `offset`.
@@ -410,7 +398,7 @@ mod tests {
             sharp in prop_oneof![Just(1.0f32), Just(40.0f32)],
         ) {
             let h = 2 * d + 16;
-            let qkv = random_rows(len * 3 * h, seed, sharp);
+            let qkv = values(seed, len * 3 * h, sharp);
             for offset in [0, d] {
                 let rows = attend(&qkv, h, offset, d, len, false);
                 let columns = attend(&qkv, h, offset, d, len, true);
@@ -441,7 +429,7 @@ mod tests {
             seed in any::<u64>(),
         ) {
             let h = 2 * d + 16;
-            let qkv = random_rows(len * 3 * h, seed, 6.0);
+            let qkv = values(seed, len * 3 * h, 6.0);
             let positions: Vec<u32> = (0..len as u32)
                 .map(|i| if gaps { i * 3 + i % 2 } else { i })
                 .collect();

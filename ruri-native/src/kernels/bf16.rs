@@ -683,7 +683,7 @@ fn softmax_body(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
@@ -780,7 +780,9 @@ mod tests {
         assert_eq!(negative.to_bits(), 0x8000_0000);
     }
 
-    fn values(seed: u64, n: usize, spread: f32) -> Vec<f32> {
+    /// `n` values in `[−spread/2, spread/2)` from a xorshift of `seed` (the attention tests'
+    /// too).
+    pub(crate) fn values(seed: u64, n: usize, spread: f32) -> Vec<f32> {
         let mut state = seed | 1;
         (0..n)
             .map(|_| {
