@@ -329,7 +329,7 @@ fn attend_bf16(
         let row_max = whole.then_some((&mut maxes[..rows], len));
         products.scores(q16, rows, d, kt16, (lo / bf16::LANES, groups), s, row_max);
         let maxes = whole.then_some(&maxes[..rows]);
-        bf16::softmax(s, width, &b.own[..rows], scale, maxes, p, inv);
+        bf16::softmax(products, s, width, &b.own[..rows], scale, maxes, p, inv);
         // Key pairs from `lo` (even) to `hi`, the last one completed by a zero weight.
         let pairs = (hi - lo).div_ceil(2);
         let o = &mut out[first * out_stride..];

@@ -176,8 +176,12 @@ multiversion! {
     /// bfloat16 weights (`own.len()` rows of `width`, 0 outside the own keys) and
     /// `inv[r]` the row's `1 / total`. `maxes`: each row's max score over its own keys, if
     /// already known ([`Products::scores`] folds it while it computes them).
-    fn softmax / softmax_body(s: &[f32], width: usize, own: &[(usize, usize)], scale: f32, maxes: Option<&[f32]>, p: &mut [u16], inv: &mut [f32])
+    fn softmax / softmax_body(products: Products, s: &[f32], width: usize, own: &[(usize, usize)], scale: f32, maxes: Option<&[f32]>, p: &mut [u16], inv: &mut [f32])
 }
+
+/// [`exp2_nonpositive`]'s polynomial `1 + f·(B1 + f·(B2 + f·(B3 + f·B4)))`: B1..B4.
+pub(crate) const EXP2_COEFFICIENTS: [f32; 4] =
+    [0.693_124_2, 0.240_240_99, 0.055_906_43, 0.009_582_851];
 
 /// 1.5 · 2²³ (see [`crate::math::ROUND_MAGIC`]).
 const ROUND_MAGIC: f32 = crate::math::ROUND_MAGIC;
@@ -191,11 +195,9 @@ const ROUND_MAGIC: f32 = crate::math::ROUND_MAGIC;
 /// f32), times 2ⁿ from the exponent bits: `n` ≥ −126, and −126 only with `f = ½`, so the
 /// result is a normal f32 in [2⁻¹²⁶, 1].
 #[inline(always)]
+#[allow(non_snake_case)]
 pub(crate) fn exp2_nonpositive(y: f32) -> f32 {
-    const B1: f32 = 0.693_124_2;
-    const B2: f32 = 0.240_240_99;
-    const B3: f32 = 0.055_906_43;
-    const B4: f32 = 0.009_582_851;
+    let [B1, B2, B3, B4] = EXP2_COEFFICIENTS;
     let y = if -125.5 > y { -125.5 } else { y };
     let shifted = y + ROUND_MAGIC;
     let n = shifted - ROUND_MAGIC;
@@ -285,6 +287,13 @@ impl Products {
             _ => weighted_sum_portable(p, rows, p_row, v, pairs, d, out, out_stride),
         }
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+multiversion! {
+    /// The softmax's blocks of own keys in this module's loops (what `x86_bf16`'s are
+    /// checked against).
+    fn softmax_blocks_portable / softmax_blocks_body(blocks: &[[f32; LANES]], weights: &mut [[u16; LANES]], cm: (f32, f32), partial: &mut [f32; LANES])
 }
 
 multiversion! {
@@ -600,8 +609,28 @@ fn own_max(
         .fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m })
 }
 
+/// The softmax's blocks of own keys only: lane `i` of each block in turn, `e =
+/// 2^(x · c − max)` added to `partial[i]`, its weight `to_bf16(e)`.
 #[inline(always)]
+fn softmax_blocks_body(
+    blocks: &[[f32; LANES]],
+    weights: &mut [[u16; LANES]],
+    (c, max): (f32, f32),
+    partial: &mut [f32; LANES],
+) {
+    for (block, w) in blocks.iter().zip(weights) {
+        for ((w, acc), &x) in w.iter_mut().zip(partial.iter_mut()).zip(block) {
+            let e = exp2_nonpositive(x * c - max);
+            *acc += e;
+            *w = weight(e);
+        }
+    }
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn softmax_body(
+    products: Products,
     s: &[f32],
     width: usize,
     own: &[(usize, usize)],
@@ -661,16 +690,21 @@ fn softmax_body(
         if masked(b_lo) {
             masked_block(b_lo, &mut weights[b_lo], &mut partial);
         }
-        for (block, w) in blocks[..whole_hi]
-            .iter()
-            .zip(weights[..whole_hi].iter_mut())
-            .skip(whole_lo)
-        {
-            for ((w, acc), &x) in w.iter_mut().zip(&mut partial).zip(block) {
-                let e = exp2_nonpositive(x * c - max);
-                *acc += e;
-                *w = weight(e);
-            }
+        match products {
+            #[cfg(target_arch = "x86_64")]
+            Products::Avx512Bf16 if whole_lo < whole_hi => super::x86_bf16::softmax_blocks(
+                &blocks[whole_lo..whole_hi],
+                &mut weights[whole_lo..whole_hi],
+                (c, max),
+                &mut partial,
+            ),
+            _ if whole_lo < whole_hi => softmax_blocks_body(
+                &blocks[whole_lo..whole_hi],
+                &mut weights[whole_lo..whole_hi],
+                (c, max),
+                &mut partial,
+            ),
+            _ => {}
         }
         if b_hi > b_lo && b_hi - 1 != b_lo && masked(b_hi - 1) {
             masked_block(b_hi - 1, &mut weights[b_hi - 1], &mut partial);
@@ -832,8 +866,7 @@ pub(crate) mod tests {
         assert!(worst < 3e-6, "relative error {worst}");
         // The coefficients are the fit's f32 values.
         let bits = [0x3f31_7096u32, 0x3e76_01bc, 0x3d64_fe24, 0x3c1d_0164];
-        let coefficients = [0.693_124_2f32, 0.240_240_99, 0.055_906_43, 0.009_582_851];
-        assert_eq!(coefficients.map(f32::to_bits), bits);
+        assert_eq!(EXP2_COEFFICIENTS.map(f32::to_bits), bits);
         assert_eq!(exp2_nonpositive(0.0), 1.0);
         assert_eq!(exp2_nonpositive(-3.0), 0.125);
         assert!(exp2_nonpositive(-1000.0).is_normal());
@@ -860,24 +893,26 @@ pub(crate) mod tests {
                 .chunks_exact(width)
                 .map(|row| softmax_by_definition(row, lo, hi, 0.25))
                 .collect();
-            let (mut p, mut inv) = (vec![7u16; rows * width], [0.0f32; 2]);
-            softmax(&s, width, &[(lo, hi), (lo, hi)], 0.25, None, &mut p, &mut inv);
-            // Given the rows' maxes, the same bits.
+            let own = [(lo, hi), (lo, hi)];
             let maxes: Vec<f32> = s
                 .chunks_exact(width)
                 .map(|row| row[lo..hi].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)))
                 .collect();
-            let (mut p2, mut inv2) = (vec![9u16; rows * width], [1.0f32; 2]);
-            softmax(&s, width, &[(lo, hi), (lo, hi)], 0.25, Some(&maxes), &mut p2, &mut inv2);
-            prop_assert_eq!(&p2, &p);
-            prop_assert_eq!(inv2.map(f32::to_bits), inv.map(f32::to_bits));
-            for (r, (want, want_inv)) in expected.iter().enumerate() {
-                let got: Vec<u32> = p[r * width..(r + 1) * width]
-                    .iter()
-                    .map(|&x| u32::from(x))
-                    .collect();
-                prop_assert_eq!(&got, want);
-                prop_assert_eq!(inv[r].to_bits(), want_inv.to_bits());
+            // The portable loops and this CPU's (the AVX-512 BF16 tiles where it has them),
+            // with and without the rows' maxes given.
+            for products in [Products::Portable, Products::detect()] {
+                for given in [None, Some(&maxes[..])] {
+                    let (mut p, mut inv) = (vec![7u16; rows * width], [0.0f32; 2]);
+                    softmax(products, &s, width, &own, 0.25, given, &mut p, &mut inv);
+                    for (r, (want, want_inv)) in expected.iter().enumerate() {
+                        let got: Vec<u32> = p[r * width..(r + 1) * width]
+                            .iter()
+                            .map(|&x| u32::from(x))
+                            .collect();
+                        prop_assert_eq!(&got, want, "{:?}, maxes given: {}", products, given.is_some());
+                        prop_assert_eq!(inv[r].to_bits(), want_inv.to_bits());
+                    }
+                }
             }
         }
 

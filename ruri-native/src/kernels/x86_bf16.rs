@@ -2,9 +2,12 @@
 //! `vdpbf16ps` adds two products of bfloat16 pairs to each f32 lane, the odd pair's first,
 //! each product exact and each sum rounded once and flushed, which is [`super::bf16::dot_pair`]
 //! (measured bit for bit on Zen 4 by `tools/spike/bf16-dot`; the SDM's pseudo-code says so).
-//! A CPU whose instruction disagreed would change the bits, so [`available`] runs the tiles
-//! against the portable code once, on operands that tell the orders and the flushing apart,
-//! and uses them only if every bit agrees.
+//! Also the softmax's exps and weights ([`softmax_blocks`]), whose rounding to bfloat16 is
+//! `vcvtne2ps2bf16`'s (the portable code's `vpmovdw` store of the rounded halves cost the
+//! softmax about half its time on Zen 4).
+//! A CPU whose instructions disagreed would change the bits, so [`available`] runs the tiles
+//! against the portable code once, on operands that tell the orders, the flushing and the
+//! rounding apart, and uses them only if every bit agrees.
 //!
 //! Each public function checks that the tiles are available and that every buffer holds
 //! what its loops read or write; the `unsafe` blocks rely on nothing else.
@@ -73,7 +76,18 @@ fn agrees_with_portable() -> bool {
             return false;
         }
     }
-    true
+    // The softmax's blocks, an odd count, on scores whose exps span the clamp (y from −128 to
+    // 0 in steps of 1/32: ties of the rounding to an integer included).
+    let scores: Vec<[f32; LANES]> = (0..5)
+        .map(|_| std::array::from_fn(|_| (next() % 4096) as f32 / 8.0 - 500.0))
+        .collect();
+    let ((mut w_tiles, mut w_portable), (mut t_tiles, mut t_portable)) = (
+        (vec![[0u16; LANES]; 5], vec![[1u16; LANES]; 5]),
+        ([0.5f32; LANES], [0.5f32; LANES]),
+    );
+    softmax_blocks(&scores, &mut w_tiles, (0.25, 3.0), &mut t_tiles);
+    super::bf16::softmax_blocks_portable(&scores, &mut w_portable, (0.25, 3.0), &mut t_portable);
+    w_tiles == w_portable && t_tiles.map(f32::to_bits) == t_portable.map(f32::to_bits)
 }
 
 /// Whether the CPU has the instructions (the tiles' precondition; [`available`] also checks
@@ -243,6 +257,116 @@ unsafe fn score_tile<const R: usize, const N: usize>(
             }
         }
     }
+}
+
+/// The softmax's blocks of own keys ([`super::bf16`]'s `softmax`, the blocks with no other
+/// keys): lane `i` of each block in turn, `e = exp2_nonpositive(x · c − max)` in the same
+/// IEEE steps (no fused multiply-add), added to `partial[i]`, and its weight rounded to
+/// bfloat16 by `vcvtne2ps2bf16`, two blocks an instruction: to nearest even, as `weight` does
+/// for the normal values the exp gives. (A NaN score gives a NaN weight either way, perhaps
+/// with other bits, and makes the row's total, so every output of the row, NaN.)
+pub(crate) fn softmax_blocks(
+    blocks: &[[f32; LANES]],
+    weights: &mut [[u16; LANES]],
+    (c, max): (f32, f32),
+    partial: &mut [f32; LANES],
+) {
+    assert!(
+        has_instructions(),
+        "AVX-512 BF16 tiles on a CPU without them"
+    );
+    assert_eq!(blocks.len(), weights.len());
+    // SAFETY: the CPU has AVX-512F and BF16 (checked above); the loop reads blocks[..n] and
+    // writes weights[..n], n = blocks.len() = weights.len() (checked above).
+    unsafe {
+        softmax_tiles(
+            blocks.as_ptr().cast(),
+            weights.as_mut_ptr().cast(),
+            blocks.len(),
+            (c, max),
+            partial,
+        )
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn softmax_tiles(
+    x: *const f32,
+    w: *mut u16,
+    n: usize,
+    (c, max): (f32, f32),
+    partial: &mut [f32; LANES],
+) {
+    let cm = (_mm512_set1_ps(c), _mm512_set1_ps(max));
+    // SAFETY: `partial` is 16 f32s.
+    let mut acc = unsafe { _mm512_loadu_ps(partial.as_ptr()) };
+    let mut i = 0;
+    while i + 4 <= n {
+        // SAFETY: blocks i..i + 4 ≤ n.
+        let e = unsafe { exps::<4>(x.add(i * LANES), cm, &mut acc) };
+        for k in [0, 2] {
+            let pair = _mm512_cvtne2ps_pbh(e[k + 1], e[k]);
+            // SAFETY: weights of blocks i + k and i + k + 1 < n, 64 bytes.
+            unsafe { _mm512_storeu_si512(w.add((i + k) * LANES).cast(), words(pair)) };
+        }
+        i += 4;
+    }
+    while i < n {
+        // SAFETY: block i < n.
+        let [e] = unsafe { exps::<1>(x.add(i * LANES), cm, &mut acc) };
+        // SAFETY: weights of block i < n, 32 bytes.
+        unsafe { _mm256_storeu_si256(w.add(i * LANES).cast(), words256(_mm512_cvtneps_pbh(e))) };
+        i += 1;
+    }
+    // SAFETY: `partial` is 16 f32s.
+    unsafe { _mm512_storeu_ps(partial.as_mut_ptr(), acc) };
+}
+
+/// The exps of the `K` blocks of scores at `x`, `2^(x · c − max)` in the portable steps, step
+/// by step across the blocks (independent chains side by side), each added to `acc` in
+/// block order.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn exps<const K: usize>(
+    x: *const f32,
+    (c, max): (__m512, __m512),
+    acc: &mut __m512,
+) -> [__m512; K] {
+    let b = super::bf16::EXP2_COEFFICIENTS.map(|b| _mm512_set1_ps(b));
+    // SAFETY: the caller's K blocks.
+    let x: [__m512; K] = std::array::from_fn(|k| unsafe { _mm512_loadu_ps(x.add(k * LANES)) });
+    // `if −125.5 > y { −125.5 } else { y }`: vmaxps(a, b) is `a > b ? a : b`.
+    let floor = _mm512_set1_ps(-125.5);
+    let y = x.map(|x| _mm512_max_ps(floor, _mm512_sub_ps(_mm512_mul_ps(x, c), max)));
+    // n = rint(y), ties to even: the portable `(y + 1.5·2²³) − 1.5·2²³`, exactly.
+    let n = y.map(|y| _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(y));
+    let f: [__m512; K] = std::array::from_fn(|k| _mm512_sub_ps(y[k], n[k]));
+    let mut p = f.map(|f| _mm512_mul_ps(f, b[3]));
+    for b in [b[2], b[1], b[0]] {
+        p = std::array::from_fn(|k| _mm512_mul_ps(f[k], _mm512_add_ps(b, p[k])));
+    }
+    // p · 2ⁿ, exact (a normal result: n ≥ −126, and −126 only with p ≥ 1), as the
+    // portable product with 2ⁿ from the exponent bits is.
+    let one = _mm512_set1_ps(1.0);
+    let e: [__m512; K] = std::array::from_fn(|k| _mm512_scalef_ps(_mm512_add_ps(one, p[k]), n[k]));
+    for e in e {
+        *acc = _mm512_add_ps(*acc, e);
+    }
+    e
+}
+
+/// 32 bfloat16s as the integer vector a store takes (the same bits).
+#[inline(always)]
+fn words(x: __m512bh) -> __m512i {
+    // SAFETY: both are 512 bits of plain data; every bit pattern is a valid value of either.
+    unsafe { std::mem::transmute::<__m512bh, __m512i>(x) }
+}
+
+/// 16 bfloat16s as the integer vector a store takes (the same bits).
+#[inline(always)]
+fn words256(x: __m256bh) -> __m256i {
+    // SAFETY: both are 256 bits of plain data; every bit pattern is a valid value of either.
+    unsafe { std::mem::transmute::<__m256bh, __m256i>(x) }
 }
 
 /// A vector of 16 packed pairs as the bfloat16 vector `vdpbf16ps` takes (the same bits).
