@@ -3,8 +3,8 @@
 //! each product exact and each sum rounded once and flushed, which is [`super::bf16::dot_pair`]
 //! (measured bit for bit on Zen 4 by `tools/spike/bf16-dot`; the SDM's pseudo-code says so).
 //! Also the softmax's exps and weights ([`softmax_blocks`]), whose rounding to bfloat16 is
-//! `vcvtne2ps2bf16`'s (the portable code's `vpmovdw` store of the rounded halves cost the
-//! softmax about half its time on Zen 4).
+//! `vcvtne2ps2bf16`'s (faster than the portable loop's compiled code, which narrows with
+//! `vpmovdw` stores: BENCHMARKS.md, sixteenth step).
 //! A CPU whose instructions disagreed would change the bits, so [`available`] runs the tiles
 //! against the portable code once, on operands that tell the orders, the flushing and the
 //! rounding apart, and uses them only if every bit agrees.
