@@ -85,21 +85,48 @@ impl Rope {
         position: usize,
         past: &mut RopePast,
     ) {
-        self.extend(past, d, position + 1);
+        self.extend(past, d, position + 1, None);
         self.rotate(row, heads, d, position, past);
     }
 
-    /// Makes `past` hold the angles of every position below `end` past the cached ones.
-    fn extend(&self, past: &mut RopePast, d: usize, end: usize) {
+    /// Makes `past` hold the angles of every position below `end` past the cached ones; many
+    /// at once (a long text's) on `pool`'s workers, the same values.
+    fn extend(&self, past: &mut RopePast, d: usize, end: usize, pool: Option<&rayon::ThreadPool>) {
         let half = d / 2;
-        let cached = self.cos.len() / half.max(1);
-        while cached + past.cos.len() / half.max(1) < end && half > 0 {
-            let p = cached + past.cos.len() / half;
-            for j in 0..half {
-                let (s, c) = self.angle(p, j);
-                past.sin.push(s);
-                past.cos.push(c);
+        if half == 0 {
+            return;
+        }
+        let first = self.cos.len() / half + past.cos.len() / half;
+        if end <= first {
+            return;
+        }
+        let from = past.cos.len();
+        past.sin.resize(from + (end - first) * half, 0.0);
+        past.cos.resize(from + (end - first) * half, 0.0);
+        let fill = |p0: usize, sin: &mut [f32], cos: &mut [f32]| {
+            for (i, (sin, cos)) in sin
+                .chunks_exact_mut(half)
+                .zip(cos.chunks_exact_mut(half))
+                .enumerate()
+            {
+                for (j, (s, c)) in sin.iter_mut().zip(cos).enumerate() {
+                    (*s, *c) = self.angle(p0 + i, j);
+                }
             }
+        };
+        let (sin, cos) = (&mut past.sin[from..], &mut past.cos[from..]);
+        match pool {
+            Some(pool) if end - first >= ROTATE_SPLIT_MIN_TOKENS => {
+                let per = (end - first).div_ceil(pool.current_num_threads()) * half;
+                let fill = &fill;
+                pool.scope(|scope| {
+                    for (i, (sin, cos)) in sin.chunks_mut(per).zip(cos.chunks_mut(per)).enumerate()
+                    {
+                        scope.spawn(move |_| fill(first + i * per / half, sin, cos));
+                    }
+                });
+            }
+            _ => fill(first, sin, cos),
         }
     }
 
@@ -942,7 +969,7 @@ impl Model {
             // Wqkv's output is viewed as (3, heads, head_dim): q, k, v, each head contiguous;
             // q's heads, then k's, are the first 2·heads head vectors of a row.
             let end = positions.iter().max().map_or(0, |&p| p as usize + 1);
-            rope.extend(past, d, end);
+            rope.extend(past, d, end, pool);
             let past = &*past;
             let rotate = |rows: &mut [f32], positions: &[u32]| {
                 for (row, &p) in rows.chunks_exact_mut(3 * h).zip(positions) {
@@ -1187,6 +1214,23 @@ mod tests {
         }
         // Positions 4..=12 past the cache, each once.
         assert_eq!(past.cos.len(), 9 * d / 2);
+
+        // A long text's angles, on a pool's workers (an odd count, not a multiple of the
+        // threads), after a few computed alone: every angle in its place.
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        let end = 13 + ROTATE_SPLIT_MIN_TOKENS + 7;
+        rope.extend(&mut past, d, end, Some(&pool));
+        assert_eq!(past.cos.len(), (end - cached) * d / 2);
+        for position in cached..end {
+            for j in 0..d / 2 {
+                let at = (position - cached) * d / 2 + j;
+                let (s, c) = rope.angle(position, j);
+                assert_eq!((past.sin[at], past.cos[at]), (s, c), "position {position}");
+            }
+        }
     }
 
     /// Moving the MLP's writer units after the others changes no bit of the MLP's int8
