@@ -444,7 +444,8 @@ impl Linear {
         Self::from_parts(kernel, parts, q).expect("quantize_int8 makes consistent parts")
     }
 
-    /// [`Linear::int8`]'s weights, before packing.
+    /// An int8 layer's weights from `n × k` fp32 weights (their outlier columns are zeroed
+    /// in place; `outliers` as [`detect_outliers`] gives), before packing.
     pub(crate) fn quantize_int8(
         w: &mut [f32],
         n: usize,
@@ -471,7 +472,8 @@ impl Linear {
         Self::from_parts(kernel, parts, q).expect("quantize_split makes consistent parts")
     }
 
-    /// [`Linear::int8_split`]'s weights, before packing.
+    /// The weights of two int8 products from `n × k` fp32 weights (the columns `side`,
+    /// ascending, and the others, each quantized on its own), before packing.
     pub(crate) fn quantize_split(
         w: &[f32],
         n: usize,

@@ -403,12 +403,14 @@ fn softmax_rows_body(s: &mut [f32], width: usize, own: &[(usize, usize)], scale:
             rest.fill(0.0);
             *m = scaled_max(row, hi, scale);
         }
-        for ((row, &(_, hi)), &m) in rows.chunks_exact_mut(width).zip(group).zip(&max) {
-            exp_from_zero(&mut row[..padded(hi)], hi, m);
-        }
         let mut total = [0.0f32; SOFTMAX_GROUP];
-        for ((row, &(_, hi)), t) in rows.chunks_exact(width).zip(group).zip(&mut total) {
-            *t = crate::math::sum(&row[..padded(hi)]);
+        for (((row, &(_, hi)), &m), t) in rows
+            .chunks_exact_mut(width)
+            .zip(group)
+            .zip(&max)
+            .zip(&mut total)
+        {
+            *t = exp_from_zero(&mut row[..padded(hi)], hi, m);
         }
         for ((row, &(_, hi)), &t) in rows.chunks_exact_mut(width).zip(group).zip(&total) {
             for v in &mut row[..padded(hi)] {
@@ -428,8 +430,7 @@ fn softmax_rows_body(s: &mut [f32], width: usize, own: &[(usize, usize)], scale:
 #[inline(always)]
 fn softmax_row_from_zero(s: &mut [f32], own_hi: usize, scale: f32) {
     let max = scaled_max(s, own_hi, scale);
-    exp_from_zero(s, own_hi, max);
-    let total = crate::math::sum(s);
+    let total = exp_from_zero(s, own_hi, max);
     for v in s.iter_mut() {
         *v /= total;
     }
@@ -472,23 +473,40 @@ fn scaled_max(s: &mut [f32], own_hi: usize, scale: f32) -> f32 {
 }
 
 /// `s[j] = exp(s[j] − max)` for the query's keys (`j < own_hi`), 0 for the lanes past them
-/// in the last block of [`VEC`].
+/// in the last block of [`VEC`]; returns [`crate::math::sum`] of the result (`s`: whole
+/// blocks of VEC, a multiple of `math::LANES`), added up as the exps are written: value
+/// `j` into partial `j mod math::LANES`, in order, then the partials in order.
 #[inline(always)]
-fn exp_from_zero(s: &mut [f32], own_hi: usize, max: f32) {
+fn exp_from_zero(s: &mut [f32], own_hi: usize, max: f32) -> f32 {
+    const LANES: usize = crate::math::LANES;
+    const _: () = assert!(VEC.is_multiple_of(LANES));
     let full = own_hi / VEC * VEC;
     let rest = own_hi - full;
     let (body, last) = s.split_at_mut(full);
-    // A plain loop over the whole blocks: the compiler interleaves several vectors of exp
-    // (a long dependent chain), which fixed-size blocks one at a time did not get.
-    for v in body.iter_mut() {
-        *v = crate::math::exp(*v - max);
+    let mut acc = [0.0f32; LANES];
+    let mut add = |block: &[f32]| {
+        for part in block.as_chunks::<LANES>().0 {
+            for (a, &v) in acc.iter_mut().zip(part) {
+                *a += v;
+            }
+        }
+    };
+    // Blocks in turn: the partial sums' chains (one add per LANES values) hide behind the
+    // exps' independent ones.
+    for block in body.as_chunks_mut::<VEC>().0 {
+        for v in block.iter_mut() {
+            *v = crate::math::exp(*v - max);
+        }
+        add(block);
     }
     if let Ok(c) = <&mut [f32; VEC]>::try_from(last) {
         for (i, v) in c.iter_mut().enumerate() {
             let e = crate::math::exp(*v - max);
             *v = if i < rest { e } else { 0.0 };
         }
+        add(c);
     }
+    acc.iter().fold(0.0, |t, &a| t + a)
 }
 
 /// `out[c] += Σ_j p[j · p_key] · v[j][c]` over `keys` keys in order; row `j` of `v` starts
