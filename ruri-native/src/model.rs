@@ -130,8 +130,9 @@ impl Rope {
         }
     }
 
-    /// [`apply_heads`](Self::apply_heads) with `past` already [extended](Self::extend)
-    /// to `position`.
+    /// Rotates the first `heads` head vectors of `row` (each `d` long) in place at
+    /// `position` (`x·cos + rotate_half(x)·sin`, the whole head), the angles past the cached
+    /// positions from `past`, already [extended](Self::extend) to `position`.
     fn rotate(&self, row: &mut [f32], heads: usize, d: usize, position: usize, past: &RopePast) {
         let half = d / 2;
         let (sin, cos): (&[f32], &[f32]) = if position * half + half <= self.cos.len() {
