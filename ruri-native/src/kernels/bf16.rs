@@ -247,12 +247,7 @@ impl Products {
             Products::Portable => {
                 scores_portable(q, rows, d, kt, g_lo, groups, out);
                 if let Some((max, keys)) = row_max {
-                    let width = groups * LANES;
-                    for (m, row) in max[..rows].iter_mut().zip(out.chunks_exact(width)) {
-                        *m = row[..keys.min(width)]
-                            .iter()
-                            .fold(*m, |m, &x| if x > m { x } else { m });
-                    }
+                    fold_row_maxes(&out[..rows * groups * LANES], groups * LANES, keys, max);
                 }
             }
             #[cfg(target_arch = "x86_64")]
@@ -286,6 +281,31 @@ impl Products {
             }
             _ => weighted_sum_portable(p, rows, p_row, v, pairs, d, out, out_stride),
         }
+    }
+}
+
+multiversion! {
+    /// `max[r]` = the max of `max[r]` and row `r`'s first `keys` scores (`s`: rows of
+    /// `width`), as the tiles fold it: key `j` into lane `j mod 16` (`if x > m`: NaNs left
+    /// out), in order, then the lanes in order.
+    fn fold_row_maxes / fold_row_maxes_body(s: &[f32], width: usize, keys: usize, max: &mut [f32])
+}
+
+#[inline(always)]
+fn fold_row_maxes_body(s: &[f32], width: usize, keys: usize, max: &mut [f32]) {
+    let keep = |m: f32, x: f32| if x > m { x } else { m };
+    for (m, row) in max.iter_mut().zip(s.chunks_exact(width.max(1))) {
+        let (blocks, tail) = row[..keys.min(width)].as_chunks::<LANES>();
+        let mut lanes = [f32::NEG_INFINITY; LANES];
+        for block in blocks {
+            for (l, &x) in lanes.iter_mut().zip(block) {
+                *l = keep(*l, x);
+            }
+        }
+        for (l, &x) in lanes.iter_mut().zip(tail) {
+            *l = keep(*l, x);
+        }
+        *m = lanes.iter().fold(*m, |m, &l| keep(m, l));
     }
 }
 
