@@ -2,9 +2,11 @@
 //! `vdpbf16ps` adds two products of bfloat16 pairs to each f32 lane, the odd pair's first,
 //! each product exact and each sum rounded once and flushed, which is [`super::bf16::dot_pair`]
 //! (measured bit for bit on Zen 4 by `tools/spike/bf16-dot`; the SDM's pseudo-code says so).
-//! Also the softmax's exps and weights ([`softmax_blocks`]), whose rounding to bfloat16 is
-//! `vcvtne2ps2bf16`'s (faster than the portable loop's compiled code, which narrows with
-//! `vpmovdw` stores: BENCHMARKS.md, sixteenth step).
+//! Also the softmax's exps and weights ([`softmax_blocks`]): the same IEEE steps, with
+//! `vrndscaleps`, `vscalefps` and `vcvtne2ps2bf16` in place of the portable code's integer
+//! steps (its rounding by the 1.5 · 2²³ addition, its 2ⁿ from exponent bits, its rounding
+//! to bfloat16 in integers and narrowing stores): fewer instructions, the same bits
+//! (BENCHMARKS.md, sixteenth step).
 //! A CPU whose instructions disagreed would change the bits, so [`available`] runs the tiles
 //! against the portable code once, on operands that tell the orders, the flushing and the
 //! rounding apart, and uses them only if every bit agrees.
