@@ -1216,13 +1216,14 @@ mod tests {
         // Positions 4..=12 past the cache, each once.
         assert_eq!(past.cos.len(), 9 * d / 2);
 
-        // A long text's angles, on a pool's workers (an odd count, not a multiple of the
-        // threads), after a few computed alone: every angle in its place.
+        // A long text's angles, on a pool's workers (521 new positions on 3 threads: chunks
+        // of 174, 174 and 173), after a few computed alone: every angle in its place.
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(3)
             .build()
             .unwrap();
-        let end = 13 + ROTATE_SPLIT_MIN_TOKENS + 7;
+        let end = 13 + ROTATE_SPLIT_MIN_TOKENS + 9;
+        assert_eq!((end - 13) % 3, 2);
         rope.extend(&mut past, d, end, Some(&pool));
         assert_eq!(past.cos.len(), (end - cached) * d / 2);
         for position in cached..end {

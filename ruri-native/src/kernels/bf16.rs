@@ -247,7 +247,12 @@ impl Products {
             Products::Portable => {
                 scores_portable(q, rows, d, kt, g_lo, groups, out);
                 if let Some((max, keys)) = row_max {
-                    fold_row_maxes(&out[..rows * groups * LANES], groups * LANES, keys, max);
+                    fold_row_maxes(
+                        &out[..rows * groups * LANES],
+                        groups * LANES,
+                        keys,
+                        &mut max[..rows],
+                    );
                 }
             }
             #[cfg(target_arch = "x86_64")]

@@ -480,6 +480,11 @@ fn scaled_max(s: &mut [f32], own_hi: usize, scale: f32) -> f32 {
 fn exp_from_zero(s: &mut [f32], own_hi: usize, max: f32) -> f32 {
     const LANES: usize = crate::math::LANES;
     const _: () = assert!(VEC.is_multiple_of(LANES));
+    debug_assert_eq!(
+        s.len(),
+        own_hi.div_ceil(VEC) * VEC,
+        "the keys' whole blocks"
+    );
     let full = own_hi / VEC * VEC;
     let rest = own_hi - full;
     let (body, last) = s.split_at_mut(full);

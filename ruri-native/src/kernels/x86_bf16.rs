@@ -11,8 +11,9 @@
 //! against the portable code once, on operands that tell the orders, the flushing and the
 //! rounding apart, and uses them only if every bit agrees.
 //!
-//! Each public function checks that the tiles are available and that every buffer holds
-//! what its loops read or write; the `unsafe` blocks rely on nothing else.
+//! Each public function checks that the CPU has the instructions (not [`available`], whose
+//! check runs them) and that every buffer holds what its loops read or write; the `unsafe`
+//! blocks rely on nothing else.
 
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
@@ -34,8 +35,10 @@ pub(crate) fn available() -> bool {
     *AGREES.get_or_init(|| has_instructions() && agrees_with_portable())
 }
 
-/// Scores and weighted sums of the tiles against [`super::bf16`]'s, on operands in the
-/// normal range and near underflow (subnormal sums, products below f32's range): every bit.
+/// Scores, weighted sums and the softmax's blocks of the tiles against [`super::bf16`]'s:
+/// the products on operands in the normal range and near underflow (subnormal sums,
+/// products below f32's range), the softmax on random scores and on [`SOFTMAX_EDGES`]:
+/// every bit.
 fn agrees_with_portable() -> bool {
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = move || {
@@ -78,11 +81,12 @@ fn agrees_with_portable() -> bool {
             return false;
         }
     }
-    // The softmax's blocks, an odd count, on scores whose exps span the clamp (y from −128 to
-    // 0 in steps of 1/32: ties of the rounding to an integer included).
-    let scores: Vec<[f32; LANES]> = (0..5)
+    // The softmax's blocks, an odd count: random scores (y from −128 to 0 in steps of 1/32)
+    // and the edges.
+    let mut scores: Vec<[f32; LANES]> = (0..4)
         .map(|_| std::array::from_fn(|_| (next() % 4096) as f32 / 8.0 - 500.0))
         .collect();
+    scores.push(SOFTMAX_EDGES);
     let ((mut w_tiles, mut w_portable), (mut t_tiles, mut t_portable)) = (
         (vec![[0u16; LANES]; 5], vec![[1u16; LANES]; 5]),
         ([0.5f32; LANES], [0.5f32; LANES]),
@@ -91,6 +95,28 @@ fn agrees_with_portable() -> bool {
     super::bf16::softmax_blocks_portable(&scores, &mut w_portable, (0.25, 3.0), &mut t_portable);
     w_tiles == w_portable && t_tiles.map(f32::to_bits) == t_portable.map(f32::to_bits)
 }
+
+/// Scores at the softmax's edges for `c = 0.25`, `max = 3` (`y = x/4 − 3`): y = 0 (an exp
+/// of 1), the ties −0.5, −1.5, −2.5, −3.5, −4.5 (to even: both ways), the clamp −125.5 and
+/// one ulp either side of it, −126, far below, −∞, and a few small steps.
+const SOFTMAX_EDGES: [f32; LANES] = [
+    12.0,
+    10.0,
+    6.0,
+    2.0,
+    -2.0,
+    -6.0,
+    -490.0,
+    -490.0 - 1.0 / 32_768.0,
+    -490.0 + 1.0 / 32_768.0,
+    -492.0,
+    -4000.0,
+    f32::NEG_INFINITY,
+    11.5,
+    11.0,
+    0.0,
+    -1.0,
+];
 
 /// Whether the CPU has the instructions (the tiles' precondition; [`available`] also checks
 /// their bits, by running them).
@@ -195,8 +221,8 @@ unsafe fn scores_tiles(
             let mr = if rows - r >= MR { MR } else { 1 };
             // SAFETY: rows r..r + mr and groups g0..g0 + nv are inside the buffers (the
             // caller's checks, see `scores`); each call reads `half` pairs of its queries and
-            // of each of its groups, writes its own scores, and (`m` not null) the maxes of
-            // its rows.
+            // of each of its groups, writes its own scores, and (`m` not null) reads and
+            // writes the 16 lanes of maxes of each of its rows (`max` holds 16 · rows).
             unsafe {
                 let (qt, k, o) = (
                     q.add(r * half),
@@ -583,6 +609,49 @@ mod tests {
             );
         } else {
             assert!(!available());
+        }
+    }
+
+    /// The softmax's edges are the values they are said to be, and NaN scores: their lanes
+    /// stay NaN in the tiles' totals (a swapped clamp would turn them into finite weights),
+    /// the other lanes keep every bit.
+    #[test]
+    fn the_softmax_tiles_keep_the_edges_and_nans() {
+        let y = SOFTMAX_EDGES.map(|x| x * 0.25 - 3.0);
+        assert_eq!(&y[..7], &[0.0, -0.5, -1.5, -2.5, -3.5, -4.5, -125.5]);
+        assert_eq!(y[7], (-125.5f32).next_down());
+        assert_eq!(y[8], (-125.5f32).next_up());
+        if !has_instructions() {
+            return;
+        }
+        let mut with_nans = SOFTMAX_EDGES;
+        for i in [2, 9, 15] {
+            with_nans[i] = f32::NAN;
+        }
+        for blocks in [
+            vec![SOFTMAX_EDGES],
+            vec![SOFTMAX_EDGES, with_nans, SOFTMAX_EDGES],
+        ] {
+            let n = blocks.len();
+            let (mut w_tiles, mut w_portable) = (vec![[0u16; LANES]; n], vec![[1u16; LANES]; n]);
+            let (mut t_tiles, mut t_portable) = ([0.0f32; LANES], [0.0f32; LANES]);
+            softmax_blocks(&blocks, &mut w_tiles, (0.25, 3.0), &mut t_tiles);
+            super::super::bf16::softmax_blocks_portable(
+                &blocks,
+                &mut w_portable,
+                (0.25, 3.0),
+                &mut t_portable,
+            );
+            for i in 0..LANES {
+                let nan = blocks.iter().any(|b| b[i].is_nan());
+                assert_eq!(t_tiles[i].is_nan(), nan, "lane {i}");
+                if !nan {
+                    assert_eq!(t_tiles[i].to_bits(), t_portable[i].to_bits(), "lane {i}");
+                    for b in 0..n {
+                        assert_eq!(w_tiles[b][i], w_portable[b][i], "block {b}, lane {i}");
+                    }
+                }
+            }
         }
     }
 
