@@ -4,7 +4,7 @@
 # (python_peers.py) in interleaved rounds: each round runs every system once, each in a fresh
 # process, in an order rotated from round to round, so that the slow phases of a shared
 # machine fall on all systems alike. Prints the median of each metric with its range, and
-# ratios of medians from the same run (tools/bench/rounds.py).
+# ratios of medians and per-round ratios from the same run (tools/bench/rounds.py).
 #
 #   tools/bench/compare.sh [--rounds N] [--rust "fused_int8 ort_int8 …"]
 #                          [--peers "st_fp32 ruri_python_int8 …"]
@@ -82,4 +82,4 @@ for line in sys.stdin:
         r = json.loads(line); r['round'] = $r; print(json.dumps(r))" >> "$out/rounds.jsonl"
   done
 done
-python3 tools/bench/rounds.py "$out/rounds.jsonl" | tee "$out/table.md"
+python3 tools/bench/rounds.py "$out/rounds.jsonl" --per-round | tee "$out/table.md"

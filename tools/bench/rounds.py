@@ -3,7 +3,11 @@
 a "round" key) as one Markdown table: the median of each metric with its range over the
 rounds, and each system's median ratio to a baseline system of the same run.
 
-    python tools/bench/rounds.py rounds.jsonl [--baseline "ruri ort_int8"]
+    python tools/bench/rounds.py rounds.jsonl [--baseline "ruri ort_int8"] [--per-round]
+
+--per-round: also each system's ratio to the baseline round by round (the same round's two
+processes), as the median with its range: the figure to quote for a comparison, since a
+shared machine's slow phases move both.
 
 Written for tools/bench/compare.sh, which runs every system once per round, each in a fresh
 process, rotating the order, so that slow phases of a shared machine fall on all systems.
@@ -37,6 +41,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("file", type=Path)
     ap.add_argument("--baseline", default="ruri ort_int8")
+    ap.add_argument("--per-round", action="store_true")
     args = ap.parse_args()
     runs: dict[str, list[dict]] = defaultdict(list)
     order: list[str] = []
@@ -74,6 +79,32 @@ def main() -> None:
                 a, b = med.get((s, key)), med.get((args.baseline, key))
                 cells.append("–" if not a or not b else f"{(a / b) if larger else (b / a):.2f}×")
             print(f"| {s} | " + " | ".join(cells) + " |")
+        if args.per_round:
+            per_round(runs, order, metrics, args.baseline)
+
+
+def per_round(runs: dict[str, list[dict]], order: list[str], metrics: list, baseline: str) -> None:
+    """Each system's ratio to `baseline` within each round (> 1: better), median [min–max]."""
+    base = {r["round"]: r for r in runs[baseline]}
+    print(f"\nPer-round ratio to {baseline} (> 1: better than it), median [min–max].\n")
+    print("| system | " + " | ".join(m[1] for m in metrics) + " |")
+    print("|---|" + "---:|" * len(metrics))
+    for s in order:
+        if s == baseline:
+            continue
+        cells = []
+        for key, _, _, larger in metrics:
+            ratios = sorted(
+                (r[key] / b[key]) if larger else (b[key] / r[key])
+                for r in runs[s]
+                if (b := base.get(r["round"])) and r.get(key) and b.get(key)
+            )
+            cells.append(
+                "–"
+                if not ratios
+                else f"{statistics.median(ratios):.3f} [{ratios[0]:.3f}–{ratios[-1]:.3f}] (n={len(ratios)})"
+            )
+        print(f"| {s} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
