@@ -3,7 +3,7 @@
 # revision. In every round each build runs each system of --systems once (and the base
 # build the --ref system, if given), each in a fresh process, in an order rotated from round
 # to round, so that the slow phases of a shared machine fall on both builds alike. Prints
-# rounds.py's table, with per-round ratios to the base build's first system (or to --ref).
+# rounds.py's table, with per-round ratios to the base build's first system (and to --ref).
 #
 #   tools/bench/ab.sh --base REV [--rounds N] [--systems "native_int8 …"] [--ref SYSTEM]
 #                     [-- ARGS for compare, e.g. --long-text 8192]
@@ -66,6 +66,8 @@ for line in sys.stdin:
       >> "$out/ab.jsonl"
   done
 done
+# Ratios to the base build's first system, and to --ref's if given.
 first="${systems%% *}"
-baseline="ruri ${ref:-$first} @$short"
-python3 tools/bench/rounds.py "$out/ab.jsonl" --baseline "$baseline" --per-round | tee "$out/ab.md"
+baselines=(--baseline "ruri $first @$short")
+[[ -n "$ref" ]] && baselines+=(--baseline "ruri $ref @$short")
+python3 tools/bench/rounds.py "$out/ab.jsonl" "${baselines[@]}" --per-round | tee "$out/ab.md"

@@ -3,7 +3,9 @@
 a "round" key) as one Markdown table: the median of each metric with its range over the
 rounds, and each system's median ratio to a baseline system of the same run.
 
-    python tools/bench/rounds.py rounds.jsonl [--baseline "ruri ort_int8"] [--per-round]
+    python tools/bench/rounds.py rounds.jsonl [--baseline "ruri ort_int8" …] [--per-round]
+
+--baseline may be given more than once: the ratio tables are printed for each.
 
 --per-round: also each system's ratio to the baseline round by round (the same round's two
 processes), as the median with its range: the figure to quote for a comparison, since a
@@ -40,7 +42,7 @@ METRICS = [
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("file", type=Path)
-    ap.add_argument("--baseline", default="ruri ort_int8")
+    ap.add_argument("--baseline", action="append")
     ap.add_argument("--per-round", action="store_true")
     args = ap.parse_args()
     runs: dict[str, list[dict]] = defaultdict(list)
@@ -69,18 +71,24 @@ def main() -> None:
             med[(s, key)] = m
             cells.append(f"{m:,.{nd}f} [{min(vals):,.{nd}f}–{max(vals):,.{nd}f}]")
         print(f"| {s} (n={len(runs[s])}) | " + " | ".join(cells) + " |")
-    if args.baseline in runs:
-        print(f"\nRatio of medians to {args.baseline} (> 1: better than it).\n")
+    for baseline in args.baseline or ["ruri ort_int8"]:
+        ratios(runs, order, metrics, med, baseline, args.per_round)
+
+
+def ratios(runs: dict[str, list[dict]], order: list[str], metrics: list, med: dict, baseline: str, per: bool) -> None:
+    """The ratio of each system's medians to `baseline`'s, and (`per`) the per-round ones."""
+    if baseline in runs:
+        print(f"\nRatio of medians to {baseline} (> 1: better than it).\n")
         print("| system | " + " | ".join(m[1] for m in metrics) + " |")
         print("|---|" + "---:|" * len(metrics))
         for s in order:
             cells = []
             for key, _, _, larger in metrics:
-                a, b = med.get((s, key)), med.get((args.baseline, key))
+                a, b = med.get((s, key)), med.get((baseline, key))
                 cells.append("–" if not a or not b else f"{(a / b) if larger else (b / a):.2f}×")
             print(f"| {s} | " + " | ".join(cells) + " |")
-        if args.per_round:
-            per_round(runs, order, metrics, args.baseline)
+        if per:
+            per_round(runs, order, metrics, baseline)
 
 
 def per_round(runs: dict[str, list[dict]], order: list[str], metrics: list, baseline: str) -> None:
