@@ -249,6 +249,134 @@ fn int8_bf16_attention_matches_the_numpy_reference() {
     }
 }
 
+/// `testdata/tiny` with `max_seq_length` 2,048 (as `tiny_long.json` was made; the model's
+/// positions go to 8,192), in a temporary folder (its ONNX files left out).
+fn tiny_with_max_length_2048() -> tempfile::TempDir {
+    fn copy(from: &std::path::Path, to: &std::path::Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap();
+            if path.is_dir() {
+                if name != "onnx" {
+                    copy(&path, &to.join(name));
+                }
+            } else {
+                std::fs::copy(&path, to.join(name)).unwrap();
+            }
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    copy(&tiny_model_dir(), dir.path());
+    std::fs::write(
+        dir.path().join("sentence_bert_config.json"),
+        r#"{"max_seq_length": 2048, "do_lower_case": false}"#,
+    )
+    .unwrap();
+    dir
+}
+
+/// A text of 1,709 tokens (`testdata/reference/tiny_long.json`, from
+/// `tools/testdata/make_long_reference.py`): past the 512 tokens of the other items, and past
+/// the 1,024 rotary angles the engine caches (those beyond are computed per call, on the
+/// workers from 512 new positions on), where no other test compares it with Python. fp32
+/// against sentence-transformers, int8 against the NumPy references with f32 and with bf16
+/// attention; on one thread and on three, the same bits.
+#[test]
+fn a_text_past_the_rotary_cache_matches_python() {
+    let path = ruri_testkit::testdata_dir().join("reference/tiny_long.json");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let item = &json["items"][0];
+    let (id, text) = (item["id"].as_str().unwrap(), item["text"].as_str().unwrap());
+    let ids: Vec<u32> = item["token_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    assert!(ids.len() >= 1024 + 512, "{} tokens", ids.len());
+    let floats = |v: &serde_json::Value| -> Vec<f32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect()
+    };
+    let st = (
+        floats(&item["st_fp32"]["mean"]),
+        floats(&item["st_fp32"]["normalized"]),
+    );
+    let int8 = |file: &str| numpy_int8(file).remove(id).unwrap();
+    let cases = [
+        (
+            Precision::Fp32,
+            AttentionPrecision::F32,
+            st,
+            "sentence-transformers fp32",
+        ),
+        (
+            Precision::Int8,
+            AttentionPrecision::F32,
+            int8("tiny_long_native_int8.json"),
+            "NumPy int8",
+        ),
+        (
+            Precision::Int8,
+            AttentionPrecision::Bf16,
+            int8("tiny_long_native_int8_bf16.json"),
+            "NumPy int8, bf16 attention",
+        ),
+    ];
+    let folder = tiny_with_max_length_2048();
+    for (precision, attention, (mean, unit), against) in cases {
+        let mut first: Option<Vec<f32>> = None;
+        for threads in [1, 3] {
+            let e = ruri_native::builder()
+                .precision(precision)
+                .threads(threads)
+                .attention(attention)
+                .batching(one_batch())
+                .build_from_dir(folder.path())
+                .unwrap();
+            let raw = EmbedOptions::new(Task::None).normalize(false);
+            let encodings = e.tokenize(&[text], &raw).unwrap();
+            assert_eq!(
+                encodings[0].ids(),
+                &ids[..],
+                "the tokens sentence-transformers fed"
+            );
+            let out = e
+                .embed_with(&[text], &raw)
+                .unwrap()
+                .get(0)
+                .unwrap()
+                .to_vec();
+            let normalized = e
+                .embed_with(&[text], &EmbedOptions::new(Task::None))
+                .unwrap();
+            let (mut a_raw, mut a_unit) = (Agreement::new(), Agreement::new());
+            a_raw.add(&out, &mean);
+            a_unit.add(normalized.get(0).unwrap(), &unit);
+            println!(
+                "{id}, {precision} ({attention:?} attention), {threads} threads, vs {against}: \
+                 raw {a_raw:?}; normalized {a_unit:?}"
+            );
+            assert!(
+                a_raw.max_abs_diff <= 1e-5,
+                "{precision} {attention:?}: {a_raw:?}"
+            );
+            assert!(
+                a_unit.max_abs_diff <= 1e-5,
+                "{precision} {attention:?}: {a_unit:?}"
+            );
+            match &first {
+                None => first = Some(out),
+                Some(f) => assert_eq!(&out, f, "{precision} {attention:?}: {threads} threads"),
+            }
+        }
+    }
+}
+
 /// bf16 attention keeps int8's promise: a text's bits do not depend on the batch it is in or
 /// on the number of threads.
 #[test]
