@@ -9,7 +9,7 @@
 use ruri::candle::{DType, Device, LocalAttention};
 use ruri::ort::{Graph, Precision};
 use ruri::{BatchOptions, EmbedOptions, Embedder, Task};
-use ruri_testkit::{Agreement, Item, Reference, Vectors, tiny_model_dir};
+use ruri_testkit::{Agreement, Item, LongItem, Reference, Vectors, tiny_model_dir};
 
 /// A reference to compare with and how closely, stated once per precision.
 struct Tolerance {
@@ -615,5 +615,69 @@ fn fused_int8_is_batch_independent() {
             "budget {budget}: max |Δ| {}",
             agreement.max_abs_diff
         );
+    }
+}
+
+/// The long item (`LongItem`: 1,709 tokens, past the 512 tokens of the other items and past
+/// the 1,024 rotary angles the engines cache) on every fp32 path, alone, against
+/// sentence-transformers with `max_seq_length` 2,048: the ONNX file, the fused graph (both of
+/// its graphs), candle and the native engine, whose rotary angles each come their own way.
+#[test]
+fn fp32_paths_on_a_text_past_the_rotary_cache() {
+    let item = LongItem::tiny();
+    let folder = LongItem::model();
+    let ort = |graph: Graph, long: Option<usize>| -> Box<dyn Embedder> {
+        let mut b = ruri::ort::builder().graph(graph).precision(Precision::Fp32);
+        if let Some(tokens) = long {
+            b = b.long_text_tokens(tokens);
+        }
+        Box::new(b.build_from_dir(folder.path()).unwrap())
+    };
+    let paths: Vec<(&str, Box<dyn Embedder>)> = vec![
+        ("ort, the ONNX file", ort(Graph::OnnxFile, None)),
+        ("ort, the fused graph", ort(Graph::Fused, None)),
+        ("ort, the fused long-text graph", ort(Graph::Fused, Some(0))),
+        (
+            "candle f32",
+            Box::new(
+                ruri::candle::builder()
+                    .device(Device::Cpu)
+                    .dtype(DType::F32)
+                    .build_from_dir(folder.path())
+                    .unwrap(),
+            ),
+        ),
+        (
+            "native fp32",
+            Box::new(
+                ruri::native::builder()
+                    .precision(ruri::native::Precision::Fp32)
+                    .build_from_dir(folder.path())
+                    .unwrap(),
+            ),
+        ),
+    ];
+    for (name, e) in &paths {
+        for (normalize, expected) in [
+            (false, &item.st_fp32.mean),
+            (true, &item.st_fp32.normalized),
+        ] {
+            let options = EmbedOptions::new(Task::None).normalize(normalize);
+            let out = e.embed_with(&[item.text.as_str()], &options).unwrap();
+            assert_eq!(out.tokens(0), Some(item.token_ids.len()), "{name}");
+            assert_eq!(out.truncated(0), Some(false), "{name}");
+            let mut agreement = Agreement::new();
+            agreement.add(out.get(0).unwrap(), expected);
+            println!(
+                "{} ({} tokens), {name}, normalized {normalize}: {agreement:?}",
+                item.id,
+                item.token_ids.len()
+            );
+            assert!(
+                agreement.max_abs_diff <= FP32_VS_ST.max_abs_diff.unwrap()
+                    && agreement.min_cosine >= FP32_VS_ST.min_cosine,
+                "{name}, normalized {normalize}: {agreement:?}"
+            );
+        }
     }
 }

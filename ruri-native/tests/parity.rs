@@ -7,7 +7,7 @@
 
 use ruri_core::{BatchOptions, EmbedOptions, Task, TextEmbedder};
 use ruri_native::{AttentionPrecision, Kernel, Precision};
-use ruri_testkit::{Agreement, Item, Reference, tiny_model_dir};
+use ruri_testkit::{Agreement, Item, LongItem, Reference, tiny_model_dir};
 
 /// fp32 runs the same math as torch; only summation order differs.
 const FP32_MAX_ABS_DIFF: f64 = 1e-5;
@@ -249,33 +249,6 @@ fn int8_bf16_attention_matches_the_numpy_reference() {
     }
 }
 
-/// `testdata/tiny` with `max_seq_length` 2,048 (as `tiny_long.json` was made; the model's
-/// positions go to 8,192), in a temporary folder (its ONNX files left out).
-fn tiny_with_max_length_2048() -> tempfile::TempDir {
-    fn copy(from: &std::path::Path, to: &std::path::Path) {
-        std::fs::create_dir_all(to).unwrap();
-        for entry in std::fs::read_dir(from).unwrap() {
-            let path = entry.unwrap().path();
-            let name = path.file_name().unwrap();
-            if path.is_dir() {
-                if name != "onnx" {
-                    copy(&path, &to.join(name));
-                }
-            } else {
-                std::fs::copy(&path, to.join(name)).unwrap();
-            }
-        }
-    }
-    let dir = tempfile::tempdir().unwrap();
-    copy(&tiny_model_dir(), dir.path());
-    std::fs::write(
-        dir.path().join("sentence_bert_config.json"),
-        r#"{"max_seq_length": 2048, "do_lower_case": false}"#,
-    )
-    .unwrap();
-    dir
-}
-
 /// A text of 1,709 tokens (`testdata/reference/tiny_long.json`, from
 /// `tools/testdata/make_long_reference.py`): past the 512 tokens of the other items, and past
 /// the 1,024 rotary angles the engine caches (those beyond are computed per call, on the
@@ -284,28 +257,10 @@ fn tiny_with_max_length_2048() -> tempfile::TempDir {
 /// attention; on one thread and on three, the same bits.
 #[test]
 fn a_text_past_the_rotary_cache_matches_python() {
-    let path = ruri_testkit::testdata_dir().join("reference/tiny_long.json");
-    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    let item = &json["items"][0];
-    let (id, text) = (item["id"].as_str().unwrap(), item["text"].as_str().unwrap());
-    let ids: Vec<u32> = item["token_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect();
+    let item = LongItem::tiny();
+    let (id, text, ids) = (item.id.as_str(), item.text.as_str(), &item.token_ids);
     assert!(ids.len() >= 1024 + 512, "{} tokens", ids.len());
-    let floats = |v: &serde_json::Value| -> Vec<f32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_f64().unwrap() as f32)
-            .collect()
-    };
-    let st = (
-        floats(&item["st_fp32"]["mean"]),
-        floats(&item["st_fp32"]["normalized"]),
-    );
+    let st = (item.st_fp32.mean.clone(), item.st_fp32.normalized.clone());
     let int8 = |file: &str| numpy_int8(file).remove(id).unwrap();
     let cases = [
         (
@@ -327,7 +282,7 @@ fn a_text_past_the_rotary_cache_matches_python() {
             "NumPy int8, bf16 attention",
         ),
     ];
-    let folder = tiny_with_max_length_2048();
+    let folder = LongItem::model();
     for (precision, attention, (mean, unit), against) in cases {
         let mut first: Option<Vec<f32>> = None;
         for threads in [1, 3] {

@@ -372,6 +372,53 @@ pub fn tiny_model_copy(keep: &dyn Fn(&str) -> bool) -> TempDir {
     dir
 }
 
+/// `testdata/reference/tiny_long.json` (`tools/testdata/make_long_reference.py`): one text
+/// of 1,709 tokens, past the 512 tokens of `tiny.json` and the 1,024 rotary angles the
+/// engines cache, with sentence-transformers' vector for `max_seq_length` 2,048.
+#[derive(Debug, Clone, Deserialize)]
+pub struct LongItem {
+    /// Short name (`long_<tokens>`).
+    pub id: String,
+    /// The text (no prompt).
+    pub text: String,
+    /// Token ids sentence-transformers fed the model (not truncated).
+    pub token_ids: Vec<u32>,
+    /// sentence-transformers, torch fp32 on CPU.
+    pub st_fp32: Vectors,
+}
+
+impl LongItem {
+    /// The committed long item.
+    pub fn tiny() -> Self {
+        #[derive(Deserialize)]
+        struct File {
+            max_seq_length: usize,
+            items: Vec<LongItem>,
+        }
+        let path = testdata_dir().join("reference").join("tiny_long.json");
+        let text = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let mut file: File = serde_json::from_slice(&text).expect("tiny_long.json parses");
+        assert_eq!(file.max_seq_length, LONG_MAX_SEQ_LENGTH);
+        assert_eq!(file.items.len(), 1, "one long item");
+        file.items.remove(0)
+    }
+
+    /// A temporary copy of the tiny model (every file) whose `max_seq_length` is the one
+    /// the long item was made with, deleted when dropped.
+    pub fn model() -> TempDir {
+        let dir = tiny_model_copy(&|_| true);
+        edit_file(
+            &dir.path().join("sentence_bert_config.json"),
+            "\"max_seq_length\": 512",
+            &format!("\"max_seq_length\": {LONG_MAX_SEQ_LENGTH}"),
+        );
+        dir
+    }
+}
+
+/// `max_seq_length` of [`LongItem`]'s reference (the tiny model's positions go to 8,192).
+pub const LONG_MAX_SEQ_LENGTH: usize = 2048;
+
 /// Replaces `from` with `to` in a text file, asserting that something changed (so a test that
 /// breaks a file cannot silently test the unbroken one).
 pub fn edit_file(path: &Path, from: &str, to: &str) {
