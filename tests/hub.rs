@@ -299,27 +299,50 @@ fn offline_the_cache_serves_and_a_miss_is_typed() {
 
     // An unreachable Hub falls back on the cache, as huggingface_hub does.
     let dead = dead_endpoint();
-    let unreachable = hub(&mock, cache.path()).endpoint(dead.clone());
+    let unreachable = hub(&mock, cache.path()).endpoint(dead.url.clone());
     let embedder = ruri::candle::builder()
         .build_from_hub(HubRepo::new(TINY_REPO).hub(unreachable))
         .unwrap();
     assert_eq!(vectors(&embedder), expected);
     // ... and without a cached copy it is a network error.
     let empty = TempDir::new().unwrap();
-    let failed = ruri::candle::builder()
-        .build_from_hub(HubRepo::new(TINY_REPO).hub(hub(&mock, empty.path()).endpoint(dead)));
+    let failed = ruri::candle::builder().build_from_hub(
+        HubRepo::new(TINY_REPO).hub(hub(&mock, empty.path()).endpoint(dead.url.clone())),
+    );
     match failed {
         Err(e @ Error::Network { .. }) => assert!(e.to_string().contains("127.0.0.1"), "{e}"),
         other => panic!("{:?}", other.err()),
     }
 }
 
-/// An address nothing listens on.
-fn dead_endpoint() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    drop(listener);
-    format!("http://127.0.0.1:{port}")
+/// An address nothing listens on, for as long as it lives: a socket bound to a free port
+/// without listening, so that a connection is refused and no other test's server can take the
+/// port meanwhile. (A port freed at once was once taken by a concurrent test's mock Hub, and
+/// the "dead" endpoint answered.)
+struct DeadEndpoint {
+    _socket: socket2::Socket,
+    url: String,
+}
+
+fn dead_endpoint() -> DeadEndpoint {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    let any_port = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    socket.bind(&any_port.into()).unwrap();
+    let port = socket.local_addr().unwrap().as_socket().unwrap().port();
+    DeadEndpoint {
+        _socket: socket,
+        url: format!("http://127.0.0.1:{port}"),
+    }
+}
+
+/// A bound port that does not listen refuses connections.
+#[test]
+fn the_dead_endpoint_refuses_connections() {
+    let dead = dead_endpoint();
+    let address = dead.url.trim_start_matches("http://");
+    let err = std::net::TcpStream::connect(address).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
 }
 
 #[test]
@@ -874,10 +897,11 @@ print("file v1 model.safetensors", sha(hf_hub_download(repo, "model.safetensors"
 print("file v1 sentence_bert_config.json", open(hf_hub_download(repo, "sentence_bert_config.json", revision="v1", cache_dir=cache, local_files_only=True)).read().replace("\n", " "))
 "#
     );
+    let dead = dead_endpoint();
     let stdout = run_python(
         &python,
         &script,
-        &[("HF_HUB_OFFLINE", "1"), ("HF_ENDPOINT", &dead_endpoint())],
+        &[("HF_HUB_OFFLINE", "1"), ("HF_ENDPOINT", &dead.url)],
     );
     for (rev, commit) in [
         ("main", mock.commit(TINY_REPO, "main")),
