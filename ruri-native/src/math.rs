@@ -14,18 +14,40 @@ pub(crate) const ROUND_MAGIC: f32 = 12_582_912.0;
 /// Σ xᵢ in [`LANES`] interleaved partial sums, then the lanes in order.
 #[inline]
 pub(crate) fn sum(x: &[f32]) -> f32 {
-    let mut acc = [0.0f32; LANES];
-    let chunks = x.chunks_exact(LANES);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (a, &v) in acc.iter_mut().zip(c) {
+    let mut partials = Partials::new();
+    partials.add(x);
+    partials.total()
+}
+
+/// [`sum`]'s partial sums, for values that arrive piece by piece: pieces added in turn give
+/// `sum` of their concatenation, bit for bit, when every piece but the last is a multiple of
+/// [`LANES`] long.
+pub(crate) struct Partials([f32; LANES]);
+
+impl Partials {
+    pub(crate) fn new() -> Self {
+        Self([0.0; LANES])
+    }
+
+    /// Value `j` of `x` into partial `j mod LANES`, in order.
+    #[inline(always)]
+    pub(crate) fn add(&mut self, x: &[f32]) {
+        let (chunks, tail) = x.as_chunks::<LANES>();
+        for c in chunks {
+            for (a, &v) in self.0.iter_mut().zip(c) {
+                *a += v;
+            }
+        }
+        for (a, &v) in self.0.iter_mut().zip(tail) {
             *a += v;
         }
     }
-    for (a, &v) in acc.iter_mut().zip(tail) {
-        *a += v;
+
+    /// The partials added in order, from +0.
+    #[inline(always)]
+    pub(crate) fn total(&self) -> f32 {
+        self.0.iter().fold(0.0, |s, &a| s + a)
     }
-    acc.iter().fold(0.0, |s, &a| s + a)
 }
 
 /// LayerNorm without bias (ModernBERT's `nn.LayerNorm(bias=False)`): biased variance,

@@ -474,12 +474,11 @@ fn scaled_max(s: &mut [f32], own_hi: usize, scale: f32) -> f32 {
 
 /// `s[j] = exp(s[j] − max)` for the query's keys (`j < own_hi`), 0 for the lanes past them
 /// in the last block of [`VEC`]; returns [`crate::math::sum`] of the result (`s`: whole
-/// blocks of VEC, a multiple of `math::LANES`), added up as the exps are written: value
-/// `j` into partial `j mod math::LANES`, in order, then the partials in order.
+/// blocks of VEC), added up block by block as the exps are written ([`crate::math::Partials`]).
 #[inline(always)]
 fn exp_from_zero(s: &mut [f32], own_hi: usize, max: f32) -> f32 {
-    const LANES: usize = crate::math::LANES;
-    const _: () = assert!(VEC.is_multiple_of(LANES));
+    // Every block a whole number of `sum`'s chunks: the pieces give `sum`'s bits.
+    const _: () = assert!(VEC.is_multiple_of(crate::math::LANES));
     debug_assert_eq!(
         s.len(),
         own_hi.div_ceil(VEC) * VEC,
@@ -488,30 +487,23 @@ fn exp_from_zero(s: &mut [f32], own_hi: usize, max: f32) -> f32 {
     let full = own_hi / VEC * VEC;
     let rest = own_hi - full;
     let (body, last) = s.split_at_mut(full);
-    let mut acc = [0.0f32; LANES];
-    let mut add = |block: &[f32]| {
-        for part in block.as_chunks::<LANES>().0 {
-            for (a, &v) in acc.iter_mut().zip(part) {
-                *a += v;
-            }
-        }
-    };
-    // Blocks in turn: the partial sums' chains (one add per LANES values) hide behind the
-    // exps' independent ones.
+    let mut partials = crate::math::Partials::new();
+    // Blocks in turn: the partial sums' chains (one add per `math::LANES` values) hide
+    // behind the exps' independent ones.
     for block in body.as_chunks_mut::<VEC>().0 {
         for v in block.iter_mut() {
             *v = crate::math::exp(*v - max);
         }
-        add(block);
+        partials.add(block);
     }
     if let Ok(c) = <&mut [f32; VEC]>::try_from(last) {
         for (i, v) in c.iter_mut().enumerate() {
             let e = crate::math::exp(*v - max);
             *v = if i < rest { e } else { 0.0 };
         }
-        add(c);
+        partials.add(c);
     }
-    acc.iter().fold(0.0, |t, &a| t + a)
+    partials.total()
 }
 
 /// `out[c] += Σ_j p[j · p_key] · v[j][c]` over `keys` keys in order; row `j` of `v` starts
