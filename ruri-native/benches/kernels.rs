@@ -91,17 +91,16 @@ fn kernels(c: &mut Criterion) {
             b.iter(|| std::hint::black_box(attention.run()))
         });
     }
-    // bf16 attention (`AttentionPrecision::Bf16`): AVX-512 BF16's tiles where the CPU has
-    // them, and the portable loops that CPUs without them run.
+    // bf16 attention (`AttentionPrecision::Bf16`): what this CPU detects, and each place
+    // it can run the products (`bf16_portable`, the loops CPUs without the instructions run;
+    // `bf16_vdpbf16ps`, AVX-512 BF16's tiles; `bf16_fma`, AVX-512F's FMA tiles).
     for len in [23, 2048] {
-        let variants = [
-            (
-                "bf16",
-                Attention::with_precision(len, 4, 64, AttentionPrecision::Bf16),
-            ),
-            ("bf16_portable", Attention::bf16_portable(len, 4, 64)),
-        ];
-        for (name, mut attention) in variants {
+        let detected = Attention::with_precision(len, 4, 64, AttentionPrecision::Bf16);
+        let variants = Attention::bf16_variants(len, 4, 64)
+            .into_iter()
+            .map(|(name, a)| (format!("bf16_{name}"), a));
+        for (name, mut attention) in std::iter::once(("bf16".to_string(), detected)).chain(variants)
+        {
             group.throughput(Throughput::Elements(len as u64));
             group.bench_function(format!("text_{len}_{name}"), |b| {
                 b.iter(|| std::hint::black_box(attention.run()))

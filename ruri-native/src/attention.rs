@@ -306,6 +306,7 @@ fn attend_bf16(
     } = scratch;
     bf16::pack_keys(head.k, stride, len, d, kt16);
     bf16::pack_values(head.v, stride, len, d, v16);
+    let products = products.for_head(kt16, v16);
     let half = d / 2;
     q16.resize(QUERY_BLOCK * half, 0);
     let whole = within_window(positions, window);
@@ -415,8 +416,8 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(32))]
-        /// bf16 attention: the same bits from the portable loops and from the tiles (where
-        /// this CPU has them), on texts within and beyond the window, with gaps in the
+        /// bf16 attention: the same bits from the portable loops and from each set of tiles
+        /// this CPU runs (`vdpbf16ps`, FMA), on texts within and beyond the window, with gaps in the
         /// positions (a packed text's positions need not be consecutive), heads of widths
         /// the tiles take and one they do not; and every output finite, the other columns
         /// kept.
@@ -427,9 +428,16 @@ mod tests {
             window in prop_oneof![Just(8usize), Just(64usize), Just(usize::MAX / 2)],
             gaps in any::<bool>(),
             seed in any::<u64>(),
+            sharp in prop_oneof![Just(1.0f32), Just(6.0f32)],
         ) {
             let h = 2 * d + 16;
-            let qkv = values(seed, len * 3 * h, 6.0);
+            // Mild scores (every weight above 2⁻⁵⁵: the FMA tiles take the weighted sums)
+            // and sharp ones (weights far below the max: they give them up); values of
+            // magnitudes 2⁻¹⁰ to 2¹⁰, so that the sums round and their order shows.
+            let mut qkv = values(seed, len * 3 * h, sharp);
+            for (i, x) in qkv.iter_mut().enumerate().filter(|(i, _)| i % (3 * h) >= 2 * h) {
+                *x *= 2f32.powi((i * 7 % 21) as i32 - 10);
+            }
             let positions: Vec<u32> = (0..len as u32)
                 .map(|i| if gaps { i * 3 + i % 2 } else { i })
                 .collect();
@@ -460,9 +468,11 @@ mod tests {
                 prop_assert!(row[..d].iter().chain(&row[2 * d..]).all(|&x| x == UNWRITTEN));
                 prop_assert!(row[d..2 * d].iter().all(|x| x.is_finite()));
             }
-            let tiles = run(bf16::Products::detect());
             let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-            prop_assert_eq!(bits(&tiles), bits(&portable));
+            for products in bf16::Products::all().into_iter().skip(1) {
+                let tiles = run(products);
+                prop_assert_eq!(bits(&tiles), bits(&portable), "{:?}", products);
+            }
         }
     }
 

@@ -338,15 +338,14 @@ pub mod bench {
             Self::with_products(len, heads, d, bf16)
         }
 
-        /// [`new`](Self::new) with bf16 attention in the portable loops that CPUs without
-        /// AVX-512 BF16 run (the same bits as the tiles).
-        pub fn bf16_portable(len: usize, heads: usize, d: usize) -> Self {
-            Self::with_products(
-                len,
-                heads,
-                d,
-                Some(crate::kernels::bf16::Products::Portable),
-            )
+        /// [`new`](Self::new) with bf16 attention in each place this CPU can run its
+        /// products (the same bits in each), named: `portable` (the loops every CPU runs),
+        /// `vdpbf16ps` (AVX-512 BF16's tiles), `fma` (AVX-512F's FMA tiles).
+        pub fn bf16_variants(len: usize, heads: usize, d: usize) -> Vec<(&'static str, Self)> {
+            crate::kernels::bf16::Products::all()
+                .into_iter()
+                .map(|p| (p.name(), Self::with_products(len, heads, d, Some(p))))
+                .collect()
         }
 
         fn with_products(

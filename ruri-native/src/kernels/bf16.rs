@@ -215,16 +215,98 @@ pub(crate) enum Products {
     /// `x86_bf16`'s `vdpbf16ps` tiles.
     #[cfg(target_arch = "x86_64")]
     Avx512Bf16,
+    /// `x86_bf16`'s FMA tiles (AVX-512F) on calls whose operands let FMA give these bits
+    /// (no operand below 2⁻⁵⁵: [`clean_pairs`]); other calls run [`Products::Avx512Bf16`]
+    /// where this CPU has it, else the portable loops. `head_clean`: the keys and values
+    /// that the calls take were found clean ([`Products::for_head`]), and only the queries
+    /// and weights are scanned call by call.
+    #[cfg(target_arch = "x86_64")]
+    Avx512Fma { head_clean: bool },
 }
 
 impl Products {
-    /// The tiles where this CPU has them and they agree with the portable code.
+    /// The fastest tiles this CPU has that agree with the portable code: `vdpbf16ps` where
+    /// it runs at full rate, FMA where `vdpbf16ps` is slower than FMA (Intel's cores: half
+    /// FMA's multiply-adds a cycle on the Xeons measured, BENCHMARKS.md seventeenth step) or
+    /// missing (AVX-512 CPUs before Cooper Lake), else the portable loops.
     pub(crate) fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
-        if super::x86_bf16::available() {
-            return Products::Avx512Bf16;
+        {
+            let fma = super::x86_bf16::fma_available();
+            if super::x86_bf16::available() && !(fma && intel()) {
+                return Products::Avx512Bf16;
+            }
+            if fma {
+                return Products::Avx512Fma { head_clean: false };
+            }
         }
         Products::Portable
+    }
+
+    /// The variant's name in benchmarks.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Products::Portable => "portable",
+            #[cfg(target_arch = "x86_64")]
+            Products::Avx512Bf16 => "vdpbf16ps",
+            #[cfg(target_arch = "x86_64")]
+            Products::Avx512Fma { .. } => "fma",
+        }
+    }
+
+    /// Every variant this CPU runs, the portable loops first (for tests and benchmarks
+    /// that compare them).
+    pub(crate) fn all() -> Vec<Self> {
+        let mut all = vec![Products::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if super::x86_bf16::available() {
+                all.push(Products::Avx512Bf16);
+            }
+            if super::x86_bf16::fma_available() {
+                all.push(Products::Avx512Fma { head_clean: false });
+            }
+        }
+        all
+    }
+
+    /// These products for the calls on one head whose keys and values `pack_keys` and
+    /// `pack_values` gave as `kt` and `v`: the FMA tiles scan them once here rather than in
+    /// every call (and give way to [`Products::Avx512Bf16`] or the portable loops for the
+    /// head if one is too small). Every call must then take its keys and values from these.
+    pub(crate) fn for_head(self, kt: &[u32], v: &[u32]) -> Self {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Products::Avx512Fma { .. } => {
+                if clean_pairs(kt) && clean_pairs(v) {
+                    Products::Avx512Fma { head_clean: true }
+                } else {
+                    Self::without_fma()
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// Where a call the FMA tiles decline runs.
+    #[cfg(target_arch = "x86_64")]
+    fn without_fma() -> Self {
+        if super::x86_bf16::available() {
+            Products::Avx512Bf16
+        } else {
+            Products::Portable
+        }
+    }
+
+    /// Whether the softmax runs `x86_bf16`'s tiles.
+    fn softmax_tiles(self) -> bool {
+        match self {
+            Products::Portable => false,
+            #[cfg(target_arch = "x86_64")]
+            Products::Avx512Bf16 => true,
+            #[cfg(target_arch = "x86_64")]
+            Products::Avx512Fma { .. } => super::x86_bf16::available(),
+        }
     }
 
     /// `out[r][16·g + i]` = the score of query `r` (`q`: rows of `d/2` packed pairs from
@@ -259,6 +341,15 @@ impl Products {
             Products::Avx512Bf16 => {
                 super::x86_bf16::scores(q, rows, d, kt, g_lo, groups, out, row_max)
             }
+            #[cfg(target_arch = "x86_64")]
+            Products::Avx512Fma { head_clean } => {
+                let mut row_max = row_max;
+                let again = row_max.as_mut().map(|(max, keys)| (&mut **max, *keys));
+                let keys = (kt, head_clean);
+                if !super::x86_bf16::fma_scores(q, rows, d, keys, g_lo, groups, out, again) {
+                    Self::without_fma().scores(q, rows, d, kt, (g_lo, groups), out, row_max);
+                }
+            }
         }
     }
 
@@ -284,9 +375,63 @@ impl Products {
             Products::Avx512Bf16 if d.is_multiple_of(LANES) => {
                 super::x86_bf16::weighted_sum(p, rows, p_row, v, pairs, d, out, out_stride)
             }
+            #[cfg(target_arch = "x86_64")]
+            Products::Avx512Fma { head_clean } => {
+                let values = (v, head_clean);
+                if !super::x86_bf16::fma_weighted_sum(
+                    p, rows, p_row, values, pairs, d, out, out_stride,
+                ) {
+                    let products = Self::without_fma();
+                    products.weighted_sum(p, rows, p_row, v, pairs, d, out, out_stride);
+                }
+            }
             _ => weighted_sum_portable(p, rows, p_row, v, pairs, d, out, out_stride),
         }
     }
+}
+
+/// Whether this is an Intel CPU (CPUID's vendor string), where [`Products::detect`] prefers
+/// FMA to `vdpbf16ps`.
+#[cfg(target_arch = "x86_64")]
+fn intel() -> bool {
+    // SAFETY: CPUID leaf 0 exists on every x86-64 CPU. (`__cpuid` is a safe function in the
+    // Rust that builds here, an unsafe one in older releases: hence the allowance.)
+    #[allow(unused_unsafe)]
+    let id = unsafe { std::arch::x86_64::__cpuid(0) };
+    (id.ebx, id.edx, id.ecx) == (0x756e_6547, 0x4965_6e69, 0x6c65_746e)
+}
+
+/// The smallest biased exponent of a nonzero operand that `x86_bf16`'s FMA tiles take
+/// (2⁻⁵⁵: why, in `x86_bf16`).
+const FMA_MIN_EXPONENT: u32 = 127 - 55;
+
+multiversion! {
+    /// Whether no nonzero bfloat16 of `x` (both halves of each packed pair) lies below 2⁻⁵⁵
+    /// in magnitude (infinities and NaNs count as large): operands that FMA sums exactly as
+    /// [`dot_pair`] does.
+    fn clean_pairs / clean_pairs_body(x: &[u32]) -> bool
+}
+
+multiversion! {
+    /// [`clean_pairs`] for bfloat16s one an item (the softmax's weights).
+    fn clean_halves / clean_halves_body(x: &[u16]) -> bool
+}
+
+#[inline(always)]
+fn clean_pairs_body(x: &[u32]) -> bool {
+    x.iter().fold(0, |bad, &w| bad | tiny(w) | tiny(w >> 16)) == 0
+}
+
+#[inline(always)]
+fn clean_halves_body(x: &[u16]) -> bool {
+    x.iter().fold(0, |bad, &w| bad | tiny(u32::from(w))) == 0
+}
+
+/// 1 if the bfloat16 in the low 16 bits of `h` is nonzero with a biased exponent below
+/// [`FMA_MIN_EXPONENT`], else 0 (branch free: the scans vectorize).
+#[inline(always)]
+fn tiny(h: u32) -> u32 {
+    u32::from((h & 0x7fff).wrapping_sub(1) < (FMA_MIN_EXPONENT << 7) - 1)
 }
 
 multiversion! {
@@ -717,12 +862,14 @@ fn softmax_body(
         }
         match products {
             #[cfg(target_arch = "x86_64")]
-            Products::Avx512Bf16 if whole_lo < whole_hi => super::x86_bf16::softmax_blocks(
-                &blocks[whole_lo..whole_hi],
-                &mut weights[whole_lo..whole_hi],
-                (c, max),
-                &mut partial,
-            ),
+            _ if products.softmax_tiles() && whole_lo < whole_hi => {
+                super::x86_bf16::softmax_blocks(
+                    &blocks[whole_lo..whole_hi],
+                    &mut weights[whole_lo..whole_hi],
+                    (c, max),
+                    &mut partial,
+                )
+            }
             _ if whole_lo < whole_hi => softmax_blocks_body(
                 &blocks[whole_lo..whole_hi],
                 &mut weights[whole_lo..whole_hi],
@@ -745,6 +892,59 @@ fn softmax_body(
 pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// The FMA tiles' threshold: 2⁻⁵⁵ and larger, zeros, infinities and NaNs are clean; one
+    /// step below 2⁻⁵⁵, and subnormals, are not, in either half of a pair, anywhere in a
+    /// slice (the scans vectorize: lengths past a vector, the value in the tail).
+    #[test]
+    fn clean_operands_start_at_two_to_the_minus_55() {
+        let bf16 = |x: f32| x.to_bits() >> 16;
+        let smallest = bf16(2f32.powi(-55));
+        let below = bf16(2f32.powi(-55).next_down());
+        for clean in [
+            0,
+            0x8000,
+            smallest,
+            smallest | 0x8000,
+            bf16(1.0),
+            0x7f80,
+            0x7fc0,
+        ] {
+            assert!(clean_pairs(&[clean, clean << 16]), "{clean:#x}");
+            assert!(clean_halves(&[clean as u16]), "{clean:#x}");
+        }
+        for tiny in [below, below | 0x8000, 1, 0x807f, bf16(1e-30)] {
+            for at in [0, 5, 99] {
+                let mut pairs = vec![smallest << 16 | bf16(3.0); 100];
+                pairs[at] = tiny;
+                assert!(!clean_pairs(&pairs), "{tiny:#x} at {at}");
+                pairs[at] = tiny << 16;
+                assert!(!clean_pairs(&pairs), "{tiny:#x} << 16 at {at}");
+                let mut halves = vec![smallest as u16; 100];
+                halves[at] = tiny as u16;
+                assert!(!clean_halves(&halves), "{tiny:#x} at {at}");
+            }
+        }
+    }
+
+    /// A head's keys and values decide once whether its calls run the FMA tiles.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn a_head_with_a_tiny_operand_gives_the_fma_tiles_up() {
+        let fma = Products::Avx512Fma { head_clean: false };
+        let (clean, tiny) = (vec![0x3f80_4000u32; 64], vec![0x3f80_0001u32; 64]);
+        assert_eq!(
+            fma.for_head(&clean, &clean),
+            Products::Avx512Fma { head_clean: true }
+        );
+        for (kt, v) in [(&tiny, &clean), (&clean, &tiny)] {
+            assert_eq!(fma.for_head(kt, v), Products::without_fma());
+        }
+        assert_eq!(
+            Products::Portable.for_head(&tiny, &tiny),
+            Products::Portable
+        );
+    }
 
     /// An f32 from its bfloat16 bits.
     fn widen(b: u32) -> f32 {
@@ -925,7 +1125,7 @@ pub(crate) mod tests {
                 .collect();
             // The portable loops and this CPU's (the AVX-512 BF16 tiles where it has them),
             // with and without the rows' maxes given.
-            for products in [Products::Portable, Products::detect()] {
+            for products in Products::all() {
                 for given in [None, Some(&maxes[..])] {
                     let (mut p, mut inv) = (vec![7u16; rows * width], [0.0f32; 2]);
                     softmax(products, &s, width, &own, 0.25, given, &mut p, &mut inv);

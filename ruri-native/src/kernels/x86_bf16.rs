@@ -11,6 +11,13 @@
 //! against the portable code once, on operands that tell the orders, the flushing and the
 //! rounding apart, and uses them only if every bit agrees.
 //!
+//! And the two products again with AVX-512F's FMA ([`fma_scores`], [`fma_weighted_sum`]),
+//! for CPUs where `vdpbf16ps` is slower than FMA (the Intel Xeon measured: half FMA's
+//! multiply-adds a cycle) or missing (AVX-512 CPUs before Cooper Lake): the same bits
+//! wherever no operand of a call lies below 2⁻⁵⁵ (then no sum can be subnormal, and FMA's
+//! one rounding is `dot_pair`'s; the proof is above [`fma_available`]); other calls give
+//! way to the `vdpbf16ps` tiles or the portable loops.
+//!
 //! Each public function checks that the CPU has the instructions (not [`available`], whose
 //! check runs them) and that every buffer holds what its loops read or write; the `unsafe`
 //! blocks rely on nothing else.
@@ -18,7 +25,7 @@
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
-use super::bf16::{LANES, scores_fit, weighted_sum_fits};
+use super::bf16::{LANES, clean_halves, clean_pairs, scores_fit, weighted_sum_fits};
 
 /// Query rows per tile of scores and of weighted sums.
 const MR: usize = 4;
@@ -152,45 +159,42 @@ pub(crate) fn scores(
         g_lo,
         groups
     ));
+    // SAFETY: the CPU has AVX-512F and BF16 (checked above). For rows r0..r0 + n (≤ rows):
+    // tile (r, g0) reads q[(r0 + r..r0 + r + mr) · half..][..half], groups g_lo + g0..g_lo +
+    // g0 + nv of kt (≤ g_lo + groups, each half·16 values), writes out[r0 + r..][16·g0..16·(g0
+    // + nv)] in rows of `groups · 16` (r + mr ≤ n, g0 + nv ≤ groups): inside the sizes
+    // `scores_fit` checked above, without overflow; `lanes` is null or 16 f32s a row of the n.
+    by_row_lanes(rows, row_max, |r0, n, lanes| unsafe {
+        scores_tiles(
+            q.as_ptr().add(r0 * half),
+            n,
+            half,
+            kt.as_ptr(),
+            (g_lo, groups),
+            out.as_mut_ptr().add(r0 * groups * LANES),
+            lanes,
+        )
+    });
+}
+
+/// Runs `tiles(r0, n, (lanes, keys))` on the rows: without `row_max` once on all of them
+/// with a null `lanes`; with it, on blocks of [`ROW_LANES`] rows, each with 16 lanes of maxes
+/// a row (at −∞) that then fold into `max[r0..r0 + n]` (a max needs no order, and no
+/// reduction across lanes runs in every tile).
+fn by_row_lanes(
+    rows: usize,
+    row_max: Option<(&mut [f32], usize)>,
+    mut tiles: impl FnMut(usize, usize, (*mut f32, usize)),
+) {
     let Some((max, keys)) = row_max else {
-        // SAFETY: the CPU has AVX-512F and BF16 (checked above). Tile (r, g0) reads
-        // q[(r..r + mr) · half..][..half], groups g_lo + g0..g_lo + g0 + nv of kt (≤ g_lo +
-        // groups, each half·16 values), writes out[r..r + mr][16·g0..16·(g0 + nv)] (r + mr ≤
-        // rows, g0 + nv ≤ groups): inside the sizes `scores_fit` checked above, without
-        // overflow.
-        unsafe {
-            scores_tiles(
-                q.as_ptr(),
-                rows,
-                half,
-                kt.as_ptr(),
-                (g_lo, groups),
-                out.as_mut_ptr(),
-                (std::ptr::null_mut(), 0),
-            )
-        };
+        tiles(0, rows, (std::ptr::null_mut(), 0));
         return;
     };
     assert!(max.len() >= rows);
-    // The maxes lane by lane (a max needs no order), ROW_LANES rows at a time, each row's
-    // lanes folded into its max at the end: no reduction across lanes in every tile.
-    let width = groups * LANES;
     for r0 in (0..rows).step_by(ROW_LANES) {
         let n = (rows - r0).min(ROW_LANES);
         let mut lanes = [[f32::NEG_INFINITY; LANES]; ROW_LANES];
-        // SAFETY: as above, for rows r0..r0 + n (≤ rows) of q and out; the tiles read and
-        // write lanes[..n], 16 f32s a row.
-        unsafe {
-            scores_tiles(
-                q.as_ptr().add(r0 * half),
-                n,
-                half,
-                kt.as_ptr(),
-                (g_lo, groups),
-                out.as_mut_ptr().add(r0 * width),
-                (lanes.as_mut_ptr().cast(), keys),
-            )
-        };
+        tiles(r0, n, (lanes.as_mut_ptr().cast(), keys));
         for (m, lanes) in max[r0..r0 + n].iter_mut().zip(&lanes) {
             *m = lanes.iter().fold(*m, |m, &x| if x > m { x } else { m });
         }
@@ -287,6 +291,21 @@ unsafe fn score_tile<const R: usize, const N: usize>(
             }
         }
     }
+    // SAFETY: the tile's scores and maxes (see the caller).
+    unsafe { store_scores(&acc, out, width, (max, valid)) }
+}
+
+/// A tile's scores stored in rows of `width` at `out`; with `max` not null, each row's scores
+/// of its first `valid` keys folded lane by lane into the row's 16 lanes at `max + 16·r`
+/// (`a > m ? a : m`: a NaN score is left out, as the softmax's own max does).
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn store_scores<const R: usize, const N: usize>(
+    acc: &[[__m512; N]; R],
+    out: *mut f32,
+    width: usize,
+    (max, valid): (*mut f32, usize),
+) {
     for (r, acc) in acc.iter().enumerate() {
         for (n, &a) in acc.iter().enumerate() {
             // SAFETY: score row r, keys 16·n..16·n + 16 of the tile's groups (see the caller).
@@ -579,6 +598,438 @@ unsafe fn sum_tile<const R: usize, const N: usize>(
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// The same two products with FMA (AVX-512F only).
+//
+// `dot_pair` adds each exact product of two bfloat16s to the f32 sum with one rounding, and
+// flushes a subnormal sum to a zero of its sign. `vfmadd231ps` on the values widened to f32
+// rounds `a · b + acc` once too (the product is exact either way), but keeps a subnormal
+// sum. So these tiles run only on calls where no sum can be subnormal: every nonzero operand
+// of magnitude ≥ 2⁻⁵⁵ ([`clean_pairs`]). Then every nonzero product is a multiple of 2⁻¹²⁵ (it is
+// `A · B · 2^(ea + eb − 14)` with 8-bit significands `A`, `B`, and ea + eb ≥ −110), so every
+// sum is (below 2⁻¹⁰¹ it is exact, above its ulp is a multiple of 2⁻¹²⁵), and a nonzero
+// multiple of 2⁻¹²⁵ is normal: nothing to flush, the same bits as `dot_pair`'s. A call with
+// a tinier operand returns `false` before it writes anything, and the caller runs its other
+// loops.
+// ---------------------------------------------------------------------------------------
+
+/// Whether this CPU has what the FMA tiles need: AVX-512F.
+fn has_fma_instructions() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+}
+
+/// Whether the FMA tiles may run on this CPU, and give the portable code's bits (checked once
+/// per process, as [`available`] does for `vdpbf16ps`): on operands in the normal range they
+/// must agree bit for bit, on operands near underflow they must decline.
+pub(crate) fn fma_available() -> bool {
+    static AGREES: OnceLock<bool> = OnceLock::new();
+    *AGREES.get_or_init(|| has_fma_instructions() && fma_agrees_with_portable())
+}
+
+fn fma_agrees_with_portable() -> bool {
+    let (rows, d, groups) = (MR + 1, 64, NV + 1);
+    let len = groups * LANES;
+    for (lo, span, clean) in [(115u32, 25u32, true), (1, 100, false)] {
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64 ^ u64::from(lo);
+        let mut pairs = |n: usize| -> Vec<u32> {
+            (0..n)
+                .map(|_| {
+                    let mut half = || {
+                        seed ^= seed << 13;
+                        seed ^= seed >> 7;
+                        seed ^= seed << 17;
+                        let exp = lo + (seed % u64::from(span)) as u32;
+                        (((seed >> 8) & 1) as u32) << 15 | exp << 7 | ((seed >> 16) & 0x7f) as u32
+                    };
+                    half() | (half() << 16)
+                })
+                .collect()
+        };
+        let (q, kt, v) = (
+            pairs(rows * d / 2),
+            pairs(groups * d / 2 * LANES),
+            pairs(len / 2 * d),
+        );
+        let p: Vec<u16> = pairs(rows * len / 2)
+            .into_iter()
+            .flat_map(|x| [x as u16, (x >> 16) as u16])
+            .collect();
+        let (mut tiles, mut portable) = (vec![0.0; rows * len], vec![0.0; rows * len]);
+        let ran = fma_scores(&q, rows, d, (&kt, false), 0, groups, &mut tiles, None);
+        super::bf16::scores_portable(&q, rows, d, &kt, 0, groups, &mut portable);
+        let (mut w_tiles, mut w_portable) = (vec![0.0; rows * d], vec![0.0; rows * d]);
+        let w_ran = fma_weighted_sum(&p, rows, len, (&v, false), len / 2, d, &mut w_tiles, d);
+        super::bf16::weighted_sum_portable(&p, rows, len, &v, len / 2, d, &mut w_portable, d);
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let agree = bits(&tiles) == bits(&portable) && bits(&w_tiles) == bits(&w_portable);
+        if (ran, w_ran) != (clean, clean) || (clean && !agree) {
+            return false;
+        }
+    }
+    true
+}
+
+/// [`scores`] with FMA, where the operands allow it (see above): `false`, with nothing
+/// written, where a query or key of the call is too small. `keys_clean`: the caller found
+/// every key of `kt` clean (the keys are then not scanned again).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn fma_scores(
+    q: &[u32],
+    rows: usize,
+    d: usize,
+    (kt, keys_clean): (&[u32], bool),
+    g_lo: usize,
+    groups: usize,
+    out: &mut [f32],
+    row_max: Option<(&mut [f32], usize)>,
+) -> bool {
+    assert!(
+        has_fma_instructions(),
+        "AVX-512 tiles on a CPU without them"
+    );
+    assert!(scores_fit(
+        (q.len(), kt.len(), out.len()),
+        rows,
+        d,
+        g_lo,
+        groups
+    ));
+    let half = d / 2;
+    let group = half * LANES;
+    let (q, kt) = (
+        &q[..rows * half],
+        &kt[g_lo * group..(g_lo + groups) * group],
+    );
+    if !clean_pairs(q) || !(keys_clean || clean_pairs(kt)) {
+        return false;
+    }
+    // The queries widened once, each pair's odd element first (the order of the sums).
+    let qf: Vec<f32> = q.iter().flat_map(|&x| [odd(x), even(x)]).collect();
+    // A block of NV groups of keys widened, pair by pair: 16 odd elements, then 16 even
+    // (in cache lines: a load that splits a line halves the tiles' speed).
+    let mut kf = vec![Line([0.0; LANES]); NV * half * 2];
+    // SAFETY: the CPU has AVX-512F (checked above). For rows r0..r0 + n (≤ rows): the tiles
+    // read qf's rows r0..r0 + n (d values each), kt's `groups` groups (`kt` is exactly those)
+    // into kf (NV groups of 2 · half · 16), and write out[r0..r0 + n] in rows of
+    // `groups · 16` (`scores_fit` checked above); `lanes` is null or 16 f32s a row of the n.
+    by_row_lanes(rows, row_max, |r0, n, lanes| unsafe {
+        fma_scores_tiles(
+            qf.as_ptr().add(r0 * d),
+            n,
+            half,
+            kt.as_ptr(),
+            groups,
+            kf.as_mut_ptr().cast(),
+            out.as_mut_ptr().add(r0 * groups * LANES),
+            lanes,
+        )
+    });
+    true
+}
+
+/// 16 f32s in one cache line.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([f32; LANES]);
+
+/// The even (low) element of a packed pair, as f32.
+#[inline(always)]
+fn even(x: u32) -> f32 {
+    f32::from_bits(x << 16)
+}
+
+/// The odd (high) element of a packed pair, as f32.
+#[inline(always)]
+fn odd(x: u32) -> f32 {
+    f32::from_bits(x & 0xffff_0000)
+}
+
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn fma_scores_tiles(
+    qf: *const f32,
+    rows: usize,
+    half: usize,
+    kt: *const u32,
+    groups: usize,
+    kf: *mut f32,
+    out: *mut f32,
+    (max, keys): (*mut f32, usize),
+) {
+    let (d, width, group) = (2 * half, groups * LANES, half * LANES);
+    let high = _mm512_set1_epi32(0xffff_0000u32 as i32);
+    let mut g0 = 0;
+    while g0 < groups {
+        let nv = (groups - g0).min(NV);
+        for i in 0..nv * half {
+            // SAFETY: pair-vector i of groups g0..g0 + nv (< groups) of kt, and its two
+            // widened vectors in kf (NV · half · 32 f32s).
+            unsafe {
+                let x = _mm512_loadu_si512(kt.add((g0 * half + i) * LANES).cast());
+                let o = _mm512_castsi512_ps(_mm512_and_si512(x, high));
+                let e = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x));
+                _mm512_storeu_ps(kf.add(2 * i * LANES), o);
+                _mm512_storeu_ps(kf.add((2 * i + 1) * LANES), e);
+            }
+        }
+        let mut r = 0;
+        while r < rows {
+            let mr = if rows - r >= MR { MR } else { 1 };
+            // SAFETY: rows r..r + mr of qf (d values each) and of out, groups g0..g0 + nv of
+            // out's rows and of kf's widened block, and (max not null) the rows' 16 lanes of
+            // maxes (the caller's sizes).
+            unsafe {
+                let (qt, o) = (qf.add(r * d), out.add(r * width + g0 * LANES));
+                let m = if max.is_null() {
+                    max
+                } else {
+                    max.add(r * LANES)
+                };
+                let valid = |n: usize| keys.saturating_sub((g0 + n) * LANES);
+                let kg = 2 * group;
+                match (mr, nv) {
+                    (MR, NV) => fma_score_tile::<MR, NV>(qt, half, kf, kg, o, width, (m, valid(0))),
+                    (MR, _) => (0..nv).for_each(|n| {
+                        let (k, o) = (kf.add(n * kg), o.add(n * LANES));
+                        fma_score_tile::<MR, 1>(qt, half, k, kg, o, width, (m, valid(n)))
+                    }),
+                    (_, NV) => fma_score_tile::<1, NV>(qt, half, kf, kg, o, width, (m, valid(0))),
+                    _ => (0..nv).for_each(|n| {
+                        let (k, o) = (kf.add(n * kg), o.add(n * LANES));
+                        fma_score_tile::<1, 1>(qt, half, k, kg, o, width, (m, valid(n)))
+                    }),
+                }
+            }
+            r += mr;
+        }
+        g0 += nv;
+    }
+}
+
+/// `R` widened queries (`2 · half` values each, consecutive) against `N` widened groups of
+/// keys (`kg` values apart; pair c's 16 odd elements at `32c`, its even ones at `32c + 16`):
+/// each score from +0, pair by pair, the odd products first, one FMA each.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn fma_score_tile<const R: usize, const N: usize>(
+    q: *const f32,
+    half: usize,
+    k: *const f32,
+    kg: usize,
+    out: *mut f32,
+    width: usize,
+    max: (*mut f32, usize),
+) {
+    let mut acc = [[_mm512_setzero_ps(); N]; R];
+    for c in 0..half {
+        // SAFETY: c < half: pair c of each of the tile's widened groups and queries.
+        unsafe {
+            for h in 0..2 {
+                let k: [__m512; N] =
+                    std::array::from_fn(|n| _mm512_loadu_ps(k.add(n * kg + (2 * c + h) * LANES)));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let qv = _mm512_set1_ps(*q.add(r * 2 * half + 2 * c + h));
+                    for (a, &k) in acc.iter_mut().zip(&k) {
+                        *a = _mm512_fmadd_ps(qv, k, *a);
+                    }
+                }
+            }
+        }
+    }
+    // SAFETY: the tile's scores and maxes (see the caller).
+    unsafe { store_scores(&acc, out, width, max) }
+}
+
+/// [`weighted_sum`] with FMA, where the operands allow it (see above): `false`, with nothing
+/// written, where a weight or value of the call is too small, or `d` is not a multiple of 16.
+/// `values_clean`: the caller found every value of `v` clean (they are then not scanned
+/// again).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn fma_weighted_sum(
+    p: &[u16],
+    rows: usize,
+    p_row: usize,
+    (v, values_clean): (&[u32], bool),
+    pairs: usize,
+    d: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) -> bool {
+    assert!(
+        has_fma_instructions(),
+        "AVX-512 tiles on a CPU without them"
+    );
+    if !d.is_multiple_of(LANES) {
+        return false;
+    }
+    let lengths = (p.len(), v.len(), out.len());
+    assert!(weighted_sum_fits(
+        lengths, rows, p_row, pairs, d, out_stride
+    ));
+    // The slices are inside the sizes `weighted_sum_fits` checked.
+    let clean = (values_clean || clean_pairs(&v[..pairs * d]))
+        && (0..rows).all(|r| clean_halves(&p[r * p_row..r * p_row + 2 * pairs]));
+    if !clean {
+        return false;
+    }
+    if rows == 0 || d == 0 {
+        return true;
+    }
+    if pairs == 0 {
+        for r in 0..rows {
+            out[r * out_stride..r * out_stride + d].fill(0.0);
+        }
+        return true;
+    }
+    // The chunk's values widened, in cache lines (d is a multiple of 16).
+    let mut vf = vec![Line([0.0; LANES]); PAIR_CHUNK * 2 * d / LANES];
+    // SAFETY: the CPU has AVX-512F (checked above). Chunk j0, tile (r, c0) reads
+    // p[(r..r + mr) · p_row + 2·j0..][..2·kn] (j0 + kn ≤ pairs), v[(j0..j0 + kn) · d..][..kn ·
+    // d] into vf (PAIR_CHUNK · 2d), and reads and writes out[(r..r + mr) · out_stride +
+    // c0..][..w] (c0 + w ≤ d): inside the sizes checked above.
+    unsafe {
+        fma_weighted_sum_tiles(
+            p.as_ptr(),
+            rows,
+            p_row,
+            v.as_ptr(),
+            pairs,
+            d,
+            vf.as_mut_ptr().cast(),
+            out.as_mut_ptr(),
+            out_stride,
+        )
+    };
+    true
+}
+
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn fma_weighted_sum_tiles(
+    p: *const u16,
+    rows: usize,
+    p_row: usize,
+    v: *const u32,
+    pairs: usize,
+    d: usize,
+    vf: *mut f32,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let high = _mm512_set1_epi32(0xffff_0000u32 as i32);
+    // A tile's weights of a chunk, widened: row i's odd weights (keys 2j + 1) at
+    // `2 · PAIR_CHUNK · i`, its even ones PAIR_CHUNK further.
+    let mut wf = [0.0f32; MR * 2 * PAIR_CHUNK];
+    let mut j0 = 0;
+    while j0 < pairs {
+        let kn = PAIR_CHUNK.min(pairs - j0);
+        let first = j0 == 0;
+        // The chunk's values widened: pair j's odd row (key 2j + 1) at `2j · d`, its even
+        // row at `(2j + 1) · d`.
+        for j in 0..kn {
+            for c in (0..d).step_by(LANES) {
+                // SAFETY: pair j0 + j < pairs of v, channels c..c + 16 ≤ d; rows 2j and
+                // 2j + 1 < 2 · PAIR_CHUNK of vf.
+                unsafe {
+                    let x = _mm512_loadu_si512(v.add((j0 + j) * d + c).cast());
+                    let o = _mm512_castsi512_ps(_mm512_and_si512(x, high));
+                    _mm512_storeu_ps(vf.add(2 * j * d + c), o);
+                    let e = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x));
+                    _mm512_storeu_ps(vf.add((2 * j + 1) * d + c), e);
+                }
+            }
+        }
+        let mut r = 0;
+        while r < rows {
+            let mr = if rows - r >= MR { MR } else { 1 };
+            for i in 0..mr {
+                for h in 0..kn.div_ceil(LANES) {
+                    let n = (kn - h * LANES).min(LANES);
+                    let mask = if n == LANES { !0 } else { (1u16 << n) - 1 };
+                    // SAFETY: weights 2·(j0 + 16h)..2·(j0 + 16h + n) of row r + i < rows
+                    // (j0 + 16h + n ≤ pairs: the mask loads n pairs, 4 bytes each, from any
+                    // alignment), written to wf's row i (32 f32s a half, 16h + n ≤ kn ≤ 32).
+                    unsafe {
+                        let src = p.add((r + i) * p_row + 2 * (j0 + h * LANES));
+                        let x = _mm512_maskz_loadu_epi32(mask, src.cast());
+                        let o = _mm512_castsi512_ps(_mm512_and_si512(x, high));
+                        let e = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x));
+                        let row = wf.as_mut_ptr().add(i * 2 * PAIR_CHUNK + h * LANES);
+                        _mm512_storeu_ps(row, o);
+                        _mm512_storeu_ps(row.add(PAIR_CHUNK), e);
+                    }
+                }
+            }
+            let mut c0 = 0;
+            while c0 < d {
+                let wide = d - c0 >= NV * LANES;
+                // SAFETY: rows r..r + mr of out and wf, pairs 0..kn of vf's chunk, channels
+                // c0..c0 + 16·(NV or 1) ≤ d (see `fma_weighted_sum`).
+                unsafe {
+                    let (wt, vt, ot) = (wf.as_ptr(), vf.add(c0), out.add(r * out_stride + c0));
+                    let s = (out_stride, first);
+                    match (mr, wide) {
+                        (MR, true) => fma_sum_tile::<MR, NV>(wt, vt, d, kn, ot, s),
+                        (MR, false) => fma_sum_tile::<MR, 1>(wt, vt, d, kn, ot, s),
+                        (_, true) => fma_sum_tile::<1, NV>(wt, vt, d, kn, ot, s),
+                        (_, false) => fma_sum_tile::<1, 1>(wt, vt, d, kn, ot, s),
+                    }
+                }
+                c0 += if wide { NV * LANES } else { LANES };
+            }
+            r += mr;
+        }
+        j0 += kn;
+    }
+}
+
+/// `R` rows × `N` vectors of channels: from +0 (`first`) or the sums stored so far, folded
+/// over `pairs` key pairs in order, the odd key's product first, one FMA each (weights
+/// widened as [`fma_weighted_sum_tiles`] keeps them; values `vf`: pair j's odd row at
+/// `2j · d`, its even row at `(2j + 1) · d`).
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn fma_sum_tile<const R: usize, const N: usize>(
+    w: *const f32,
+    vf: *const f32,
+    d: usize,
+    pairs: usize,
+    out: *mut f32,
+    (out_stride, first): (usize, bool),
+) {
+    let mut acc = [[_mm512_setzero_ps(); N]; R];
+    if !first {
+        for (r, acc) in acc.iter_mut().enumerate() {
+            for (n, a) in acc.iter_mut().enumerate() {
+                // SAFETY: the tile's own outputs (see the caller).
+                *a = unsafe { _mm512_loadu_ps(out.add(r * out_stride + n * LANES)) };
+            }
+        }
+    }
+    for j in 0..pairs {
+        for h in 0..2 {
+            // SAFETY: j < pairs: row 2j + h of the chunk's widened values, N vectors from the
+            // tile's channels, and weight j of half h of each of the tile's rows.
+            unsafe {
+                let x: [__m512; N] =
+                    std::array::from_fn(|n| _mm512_loadu_ps(vf.add((2 * j + h) * d + n * LANES)));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let wv = _mm512_set1_ps(*w.add(r * 2 * PAIR_CHUNK + h * PAIR_CHUNK + j));
+                    for (a, &x) in acc.iter_mut().zip(&x) {
+                        *a = _mm512_fmadd_ps(wv, x, *a);
+                    }
+                }
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (n, &a) in acc.iter().enumerate() {
+            // SAFETY: the tile's own outputs (see the caller).
+            unsafe { _mm512_storeu_ps(out.add(r * out_stride + n * LANES), a) };
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -609,6 +1060,18 @@ mod tests {
             );
         } else {
             assert!(!available());
+        }
+    }
+
+    #[test]
+    fn this_cpu_uses_the_fma_tiles_if_it_has_them() {
+        if has_fma_instructions() {
+            assert!(
+                fma_available(),
+                "the FMA tiles disagree with the portable definition"
+            );
+        } else {
+            assert!(!fma_available());
         }
     }
 
@@ -700,6 +1163,94 @@ mod tests {
             weighted_sum(&p, rows, p_row, &v, pairs, d, &mut tiles, stride);
             super::super::bf16::weighted_sum_portable(&p, rows, p_row, &v, pairs, d, &mut portable, stride);
             prop_assert_eq!(bits(&tiles), bits(&portable));
+        }
+
+        /// The FMA tiles give the portable code's bits wherever they run, over shapes around
+        /// the tiles' edges, with zeros among the operands; and decline, writing nothing,
+        /// where one operand that counts (in q, in the call's keys, in the weights' first
+        /// `pairs` pairs of a row, in v) is below 2⁻⁵⁵.
+        #[test]
+        fn fma_tiles_give_the_portable_bits_or_decline(
+            rows in prop_oneof![1usize..10, 15usize..40],
+            groups in 1usize..7,
+            g_lo in 0usize..2,
+            d in prop_oneof![Just(16usize), Just(48usize), Just(64usize), Just(80usize), Just(128usize), Just(24usize)],
+            pairs in 0usize..80,
+            seed in any::<u64>(),
+            tiny in prop_oneof![Just(None), (0usize..4, any::<prop::sample::Index>()).prop_map(Some)],
+        ) {
+            prop_assume!(has_fma_instructions());
+            let half = d / 2;
+            // Exponents 2⁻⁵⁴ to 2⁴⁵: the sums stay finite.
+            let (lo, span) = (73, 100);
+            let mut operands = [
+                packed(seed, rows * half, lo, span),
+                packed(seed ^ 1, (g_lo + groups) * half * LANES, lo, span),
+                packed(seed ^ 2, rows * (pairs + 3), lo, span),
+                packed(seed ^ 3, pairs * d, lo, span),
+            ];
+            // Zeros here and there (even elements).
+            for (i, x) in operands.iter_mut().enumerate() {
+                for j in (i..x.len()).step_by(7) {
+                    x[j] &= 0xffff_0000;
+                }
+            }
+            // Perhaps one odd element with an exponent of 2⁻¹²⁶ to 2⁻⁵⁶ where it counts (the
+            // weights' rows are `pairs + 3` pairs apart).
+            let (mut q_or_k_tiny, mut w_or_v_tiny) = (false, false);
+            if let Some((which, at)) = tiny {
+                let counted = match which {
+                    0 => operands[0].len(),
+                    1 => groups * half * LANES,
+                    2 => rows * pairs,
+                    _ => pairs * d,
+                };
+                if counted > 0 {
+                    let i = at.index(counted);
+                    let i = match which {
+                        1 => g_lo * half * LANES + i,
+                        2 => i / pairs * (pairs + 3) + i % pairs,
+                        _ => i,
+                    };
+                    let x = &mut operands[which][i];
+                    *x = (*x & 0xffff) | (0x0080 + (i as u32 % 0x2380)) << 16;
+                    *(if which < 2 { &mut q_or_k_tiny } else { &mut w_or_v_tiny }) = true;
+                }
+            }
+            let [q, kt, p, v] = operands;
+            let p: Vec<u16> = p.into_iter().flat_map(|x| [x as u16, (x >> 16) as u16]).collect();
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+
+            let width = groups * LANES;
+            let (mut fma, mut portable) = (vec![1.0; rows * width], vec![2.0; rows * width]);
+            let mut maxes = vec![f32::NEG_INFINITY; rows];
+            let keys = width - pairs % 16;
+            let ran = fma_scores(&q, rows, d, (&kt, false), g_lo, groups, &mut fma, Some((&mut maxes, keys)));
+            super::super::bf16::scores_portable(&q, rows, d, &kt, g_lo, groups, &mut portable);
+            prop_assert_eq!(ran, !q_or_k_tiny);
+            if ran {
+                prop_assert_eq!(bits(&fma), bits(&portable));
+                for (r, &m) in maxes.iter().enumerate() {
+                    let row = &portable[r * width..r * width + keys];
+                    let want = row.iter().fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+                    prop_assert_eq!(m.to_bits(), want.to_bits());
+                }
+            } else {
+                prop_assert!(fma.iter().all(|&x| x == 1.0));
+                prop_assert!(maxes.iter().all(|&m| m == f32::NEG_INFINITY));
+            }
+
+            let p_row = 2 * (pairs + 3);
+            let stride = d + 5;
+            let (mut fma, mut portable) = (vec![1.0; rows * stride], vec![1.0; rows * stride]);
+            let ran = fma_weighted_sum(&p, rows, p_row, (&v, false), pairs, d, &mut fma, stride);
+            super::super::bf16::weighted_sum_portable(&p, rows, p_row, &v, pairs, d, &mut portable, stride);
+            prop_assert_eq!(ran, d % 16 == 0 && !w_or_v_tiny);
+            if ran {
+                prop_assert_eq!(bits(&fma), bits(&portable));
+            } else {
+                prop_assert!(fma.iter().all(|&x| x == 1.0));
+            }
         }
     }
 }
