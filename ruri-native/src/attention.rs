@@ -306,7 +306,7 @@ fn attend_bf16(
     } = scratch;
     bf16::pack_keys(head.k, stride, len, d, kt16);
     bf16::pack_values(head.v, stride, len, d, v16);
-    let products = products.for_head(kt16, v16);
+    let head_operands = products.head(kt16, v16);
     let half = d / 2;
     q16.resize(QUERY_BLOCK * half, 0);
     let whole = within_window(positions, window);
@@ -328,13 +328,15 @@ fn attend_bf16(
         // so the tiles fold each row's max as they compute its scores.
         let mut maxes = [f32::NEG_INFINITY; QUERY_BLOCK];
         let row_max = whole.then_some((&mut maxes[..rows], len));
-        products.scores(q16, rows, d, kt16, (lo / bf16::LANES, groups), s, row_max);
+        let keys = (lo / bf16::LANES, groups);
+        products.scores(q16, rows, d, &head_operands, keys, s, row_max);
         let maxes = whole.then_some(&maxes[..rows]);
         bf16::softmax(products, s, width, &b.own[..rows], scale, maxes, p, inv);
         // Key pairs from `lo` (even) to `hi`, the last one completed by a zero weight.
         let pairs = (hi - lo).div_ceil(2);
         let o = &mut out[first * out_stride..];
-        products.weighted_sum(p, rows, width, &v16[lo / 2 * d..], pairs, d, o, out_stride);
+        let values = (lo / 2, pairs);
+        products.weighted_sum(p, rows, width, &head_operands, values, d, o, out_stride);
         // Normalized at the end.
         for (r, &inv) in inv[..rows].iter().enumerate() {
             for x in &mut o[r * out_stride..r * out_stride + d] {

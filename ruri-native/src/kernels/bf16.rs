@@ -216,12 +216,12 @@ pub(crate) enum Products {
     #[cfg(target_arch = "x86_64")]
     Avx512Bf16,
     /// `x86_bf16`'s FMA tiles (AVX-512F) on calls whose operands let FMA give these bits
-    /// (no operand below 2⁻⁵⁵: [`clean_pairs`]); other calls run [`Products::Avx512Bf16`]
-    /// where this CPU has it, else the portable loops. `head_clean`: the keys and values
-    /// that the calls take were found clean ([`Products::for_head`]), and only the queries
-    /// and weights are scanned call by call.
+    /// (the smallest exponents of the two sides of a product add up to at least
+    /// [`FMA_MIN_EXPONENTS`]; the keys' and values' are found once a head,
+    /// [`Products::head`]); other calls run [`Products::Avx512Bf16`] where this CPU has it,
+    /// else the portable loops.
     #[cfg(target_arch = "x86_64")]
-    Avx512Fma { head_clean: bool },
+    Avx512Fma,
 }
 
 impl Products {
@@ -237,7 +237,7 @@ impl Products {
                 return Products::Avx512Bf16;
             }
             if fma {
-                return Products::Avx512Fma { head_clean: false };
+                return Products::Avx512Fma;
             }
         }
         Products::Portable
@@ -250,7 +250,7 @@ impl Products {
             #[cfg(target_arch = "x86_64")]
             Products::Avx512Bf16 => "vdpbf16ps",
             #[cfg(target_arch = "x86_64")]
-            Products::Avx512Fma { .. } => "fma",
+            Products::Avx512Fma => "fma",
         }
     }
 
@@ -264,28 +264,22 @@ impl Products {
                 all.push(Products::Avx512Bf16);
             }
             if super::x86_bf16::fma_available() {
-                all.push(Products::Avx512Fma { head_clean: false });
+                all.push(Products::Avx512Fma);
             }
         }
         all
     }
 
-    /// These products for the calls on one head whose keys and values `pack_keys` and
-    /// `pack_values` gave as `kt` and `v`: the FMA tiles scan them once here rather than in
-    /// every call (and give way to [`Products::Avx512Bf16`] or the portable loops for the
-    /// head if one is too small). Every call must then take its keys and values from these.
-    pub(crate) fn for_head(self, kt: &[u32], v: &[u32]) -> Self {
-        match self {
+    /// A head's keys and values as these products read them: `kt` and `v` as [`pack_keys`]
+    /// and [`pack_values`] gave them, and for the FMA tiles their smallest exponents, found
+    /// once a head rather than in every call.
+    pub(crate) fn head<'a>(self, kt: &'a [u32], v: &'a [u32]) -> HeadOperands<'a> {
+        let fma = match self {
             #[cfg(target_arch = "x86_64")]
-            Products::Avx512Fma { .. } => {
-                if clean_pairs(kt) && clean_pairs(v) {
-                    Products::Avx512Fma { head_clean: true }
-                } else {
-                    Self::without_fma()
-                }
-            }
-            other => other,
-        }
+            Products::Avx512Fma => Some((min_exponent(kt), min_exponent(v))),
+            _ => None,
+        };
+        HeadOperands { kt, v, fma }
     }
 
     /// Where a call the FMA tiles decline runs.
@@ -305,26 +299,27 @@ impl Products {
             #[cfg(target_arch = "x86_64")]
             Products::Avx512Bf16 => true,
             #[cfg(target_arch = "x86_64")]
-            Products::Avx512Fma { .. } => super::x86_bf16::available(),
+            Products::Avx512Fma => super::x86_bf16::available(),
         }
     }
 
     /// `out[r][16·g + i]` = the score of query `r` (`q`: rows of `d/2` packed pairs from
-    /// [`pack_queries`]) against key `16 · (g_lo + g) + i` (`kt` from [`pack_keys`]), for
-    /// `rows` queries and `groups` groups. With `row_max = Some((max, keys))`, also `max[r]`
-    /// = the max of row `r`'s first `keys` scores and `max[r]` as it was (`if x > m`: NaNs
-    /// left out), which [`softmax`] can take instead of reading the scores once more.
+    /// [`pack_queries`]) against key `16 · (g_lo + g) + i` of `head`, for `rows` queries and
+    /// `groups` groups. With `row_max = Some((max, keys))`, also `max[r]` = the max of row
+    /// `r`'s first `keys` scores and `max[r]` as it was (`if x > m`: NaNs left out), which
+    /// [`softmax`] can take instead of reading the scores once more.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn scores(
         self,
         q: &[u32],
         rows: usize,
         d: usize,
-        kt: &[u32],
+        head: &HeadOperands<'_>,
         (g_lo, groups): (usize, usize),
         out: &mut [f32],
         row_max: Option<(&mut [f32], usize)>,
     ) {
+        let kt = head.kt;
         match self {
             Products::Portable => {
                 scores_portable(q, rows, d, kt, g_lo, groups, out);
@@ -342,12 +337,16 @@ impl Products {
                 super::x86_bf16::scores(q, rows, d, kt, g_lo, groups, out, row_max)
             }
             #[cfg(target_arch = "x86_64")]
-            Products::Avx512Fma { head_clean } => {
+            Products::Avx512Fma => {
                 let mut row_max = row_max;
-                let again = row_max.as_mut().map(|(max, keys)| (&mut **max, *keys));
-                let keys = (kt, head_clean);
-                if !super::x86_bf16::fma_scores(q, rows, d, keys, g_lo, groups, out, again) {
-                    Self::without_fma().scores(q, rows, d, kt, (g_lo, groups), out, row_max);
+                let ran = head.fma.is_some_and(|(keys_min, _)| {
+                    let again = row_max.as_mut().map(|(max, keys)| (&mut **max, *keys));
+                    let keys = (kt, keys_min);
+                    super::x86_bf16::fma_scores(q, rows, d, keys, g_lo, groups, out, again)
+                });
+                if !ran {
+                    let products = Self::without_fma();
+                    products.scores(q, rows, d, head, (g_lo, groups), out, row_max);
                 }
             }
         }
@@ -355,39 +354,55 @@ impl Products {
 
     /// `out[r][c]` (row `r` at `r · out_stride`, `d` channels) = [`dot_pair`] folded from
     /// `+0` over the `pairs` key pairs of `p`'s row `r` (bfloat16 weights, a key each, rows
-    /// `p_row` apart: even) against `v`'s pairs ([`pack_values`]' layout, from the block's
-    /// first pair). Written, not added to. The tiles take `d` a multiple of 16; other widths
-    /// run the portable loops.
+    /// `p_row` apart: even) against `head`'s values, pairs `pair_lo..pair_lo + pairs`.
+    /// Written, not added to. The tiles take `d` a multiple of 16; other widths run the
+    /// portable loops.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn weighted_sum(
         self,
         p: &[u16],
         rows: usize,
         p_row: usize,
-        v: &[u32],
-        pairs: usize,
+        head: &HeadOperands<'_>,
+        (pair_lo, pairs): (usize, usize),
         d: usize,
         out: &mut [f32],
         out_stride: usize,
     ) {
+        let v = &head.v[pair_lo * d..];
         match self {
             #[cfg(target_arch = "x86_64")]
             Products::Avx512Bf16 if d.is_multiple_of(LANES) => {
                 super::x86_bf16::weighted_sum(p, rows, p_row, v, pairs, d, out, out_stride)
             }
             #[cfg(target_arch = "x86_64")]
-            Products::Avx512Fma { head_clean } => {
-                let values = (v, head_clean);
-                if !super::x86_bf16::fma_weighted_sum(
-                    p, rows, p_row, values, pairs, d, out, out_stride,
-                ) {
+            Products::Avx512Fma => {
+                let ran = head.fma.is_some_and(|(_, values_min)| {
+                    let values = (v, values_min);
+                    super::x86_bf16::fma_weighted_sum(
+                        p, rows, p_row, values, pairs, d, out, out_stride,
+                    )
+                });
+                if !ran {
                     let products = Self::without_fma();
-                    products.weighted_sum(p, rows, p_row, v, pairs, d, out, out_stride);
+                    let range = (pair_lo, pairs);
+                    products.weighted_sum(p, rows, p_row, head, range, d, out, out_stride);
                 }
             }
             _ => weighted_sum_portable(p, rows, p_row, v, pairs, d, out, out_stride),
         }
     }
+}
+
+/// A head's keys and values as [`Products`] read them ([`Products::head`]).
+pub(crate) struct HeadOperands<'a> {
+    /// Keys packed by [`pack_keys`].
+    kt: &'a [u32],
+    /// Values packed by [`pack_values`].
+    v: &'a [u32],
+    /// For the FMA tiles: the smallest exponents ([`min_exponent`]) of the keys and of the
+    /// values.
+    fma: Option<(u32, u32)>,
 }
 
 /// Whether this is an Intel CPU (CPUID's vendor string), where [`Products::detect`] prefers
@@ -401,37 +416,44 @@ fn intel() -> bool {
     (id.ebx, id.edx, id.ecx) == (0x756e_6547, 0x4965_6e69, 0x6c65_746e)
 }
 
-/// The smallest biased exponent of a nonzero operand that `x86_bf16`'s FMA tiles take
-/// (2⁻⁵⁵: why, in `x86_bf16`).
-const FMA_MIN_EXPONENT: u32 = 127 - 55;
+/// The least sum of the smallest biased exponents ([`min_exponent`]) of a product's two
+/// sides (bfloat16s) that `x86_bf16`'s FMA tiles take: unbiased, ea + eb ≥ −111, so that
+/// every product is a multiple of 2⁻¹²⁵ and no sum can be subnormal (the proof is in
+/// `x86_bf16`).
+pub(crate) const FMA_MIN_EXPONENTS: u32 = 2 * 127 - 111;
 
 multiversion! {
-    /// Whether no nonzero bfloat16 of `x` (both halves of each packed pair) lies below 2⁻⁵⁵
-    /// in magnitude (infinities and NaNs count as large): operands that FMA sums exactly as
-    /// [`dot_pair`] does.
-    fn clean_pairs / clean_pairs_body(x: &[u32]) -> bool
+    /// The smallest biased exponent among the nonzero bfloat16s of `x` (both halves of each
+    /// packed pair): 0 if one is subnormal, 255 if all are zeros (infinities and NaNs count
+    /// as 255).
+    fn min_exponent / min_exponent_body(x: &[u32]) -> u32
 }
 
 multiversion! {
-    /// [`clean_pairs`] for bfloat16s one an item (the softmax's weights).
-    fn clean_halves / clean_halves_body(x: &[u16]) -> bool
+    /// [`min_exponent`] for bfloat16s one an item (the softmax's weights).
+    fn min_exponent_halves / min_exponent_halves_body(x: &[u16]) -> u32
 }
 
 #[inline(always)]
-fn clean_pairs_body(x: &[u32]) -> bool {
-    x.iter().fold(0, |bad, &w| bad | tiny(w) | tiny(w >> 16)) == 0
+fn min_exponent_body(x: &[u32]) -> u32 {
+    x.iter()
+        .fold(255, |m, &w| m.min(exponent(w)).min(exponent(w >> 16)))
 }
 
 #[inline(always)]
-fn clean_halves_body(x: &[u16]) -> bool {
-    x.iter().fold(0, |bad, &w| bad | tiny(u32::from(w))) == 0
+fn min_exponent_halves_body(x: &[u16]) -> u32 {
+    x.iter().fold(255, |m, &w| m.min(exponent(u32::from(w))))
 }
 
-/// 1 if the bfloat16 in the low 16 bits of `h` is nonzero with a biased exponent below
-/// [`FMA_MIN_EXPONENT`], else 0 (branch free: the scans vectorize).
+/// The biased exponent of the bfloat16 in the low 16 bits of `h`, 255 for a zero (branch
+/// free: the scans vectorize).
 #[inline(always)]
-fn tiny(h: u32) -> u32 {
-    u32::from((h & 0x7fff).wrapping_sub(1) < (FMA_MIN_EXPONENT << 7) - 1)
+fn exponent(h: u32) -> u32 {
+    if h & 0x7fff == 0 {
+        255
+    } else {
+        (h >> 7) & 0xff
+    }
 }
 
 multiversion! {
@@ -893,57 +915,44 @@ pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// The FMA tiles' threshold: 2⁻⁵⁵ and larger, zeros, infinities and NaNs are clean; one
-    /// step below 2⁻⁵⁵, and subnormals, are not, in either half of a pair, anywhere in a
-    /// slice (the scans vectorize: lengths past a vector, the value in the tail).
+    /// The smallest exponent of a slice's nonzero bfloat16s, in either half of a pair,
+    /// anywhere in the slice (the scans vectorize: lengths past a vector, the value in the
+    /// tail): zeros of either sign left out, subnormals 0, infinities and NaNs 255.
     #[test]
-    fn clean_operands_start_at_two_to_the_minus_55() {
+    fn the_smallest_exponent_leaves_zeros_out() {
         let bf16 = |x: f32| x.to_bits() >> 16;
-        let smallest = bf16(2f32.powi(-55));
-        let below = bf16(2f32.powi(-55).next_down());
-        for clean in [
-            0,
-            0x8000,
-            smallest,
-            smallest | 0x8000,
-            bf16(1.0),
-            0x7f80,
-            0x7fc0,
+        assert_eq!(min_exponent(&[]), 255);
+        assert_eq!(min_exponent(&[0, 0x8000_8000, 0x7f80_7fc0]), 255);
+        assert_eq!(min_exponent_halves(&[0, 0x8000, 0xff80]), 255);
+        for (x, e) in [
+            (1.0, 127),
+            (-3.0, 128),
+            (2f32.powi(-55), 72),
+            (f32::MIN_POSITIVE, 1),
         ] {
-            assert!(clean_pairs(&[clean, clean << 16]), "{clean:#x}");
-            assert!(clean_halves(&[clean as u16]), "{clean:#x}");
-        }
-        for tiny in [below, below | 0x8000, 1, 0x807f, bf16(1e-30)] {
             for at in [0, 5, 99] {
-                let mut pairs = vec![smallest << 16 | bf16(3.0); 100];
-                pairs[at] = tiny;
-                assert!(!clean_pairs(&pairs), "{tiny:#x} at {at}");
-                pairs[at] = tiny << 16;
-                assert!(!clean_pairs(&pairs), "{tiny:#x} << 16 at {at}");
-                let mut halves = vec![smallest as u16; 100];
-                halves[at] = tiny as u16;
-                assert!(!clean_halves(&halves), "{tiny:#x} at {at}");
+                let mut pairs = vec![bf16(1e30) << 16; 100];
+                pairs[at] = bf16(x);
+                assert_eq!(min_exponent(&pairs), e, "{x} at {at}");
+                pairs[at] = bf16(x) << 16;
+                assert_eq!(min_exponent(&pairs), e, "{x} << 16 at {at}");
+                let mut halves = vec![bf16(1e30) as u16; 100];
+                halves[at] = bf16(x) as u16;
+                assert_eq!(min_exponent_halves(&halves), e, "{x} at {at}");
             }
         }
+        assert_eq!(min_exponent(&[0x3f80_0001]), 0);
+        assert_eq!(min_exponent_halves(&[0x0001]), 0);
     }
 
-    /// A head's keys and values decide once whether its calls run the FMA tiles.
+    /// A head's smallest exponents, found once, for the FMA tiles only.
     #[cfg(target_arch = "x86_64")]
     #[test]
-    fn a_head_with_a_tiny_operand_gives_the_fma_tiles_up() {
-        let fma = Products::Avx512Fma { head_clean: false };
-        let (clean, tiny) = (vec![0x3f80_4000u32; 64], vec![0x3f80_0001u32; 64]);
-        assert_eq!(
-            fma.for_head(&clean, &clean),
-            Products::Avx512Fma { head_clean: true }
-        );
-        for (kt, v) in [(&tiny, &clean), (&clean, &tiny)] {
-            assert_eq!(fma.for_head(kt, v), Products::without_fma());
-        }
-        assert_eq!(
-            Products::Portable.for_head(&tiny, &tiny),
-            Products::Portable
-        );
+    fn a_head_finds_its_smallest_exponents_once_for_fma() {
+        let (kt, v) = ([0x3f80_0000u32, 0x0080_0000], [0x4000_4000u32, 0x3e80_0000]);
+        let head = Products::Avx512Fma.head(&kt, &v);
+        assert_eq!(head.fma, Some((1, 125)));
+        assert_eq!(Products::Portable.head(&kt, &v).fma, None);
     }
 
     /// An f32 from its bfloat16 bits.
@@ -1190,7 +1199,8 @@ pub(crate) mod tests {
             let groups = len.div_ceil(16);
             let mut s = vec![f32::NAN; 3 * groups * 16];
             let mut maxes = [f32::NEG_INFINITY; 3];
-            Products::Portable.scores(&qp, 3, d, &kt, (0, groups), &mut s, Some((&mut maxes, len)));
+            let head = Products::Portable.head(&kt, &vp);
+            Products::Portable.scores(&qp, 3, d, &head, (0, groups), &mut s, Some((&mut maxes, len)));
             let bf = |x: f32| widen(to_bf16(x));
             for r in 0..3 {
                 for j in 0..groups * 16 {

@@ -14,9 +14,9 @@
 //! And the two products again with AVX-512F's FMA ([`fma_scores`], [`fma_weighted_sum`]),
 //! for CPUs where `vdpbf16ps` is slower than FMA (the Intel Xeon measured: half FMA's
 //! multiply-adds a cycle) or missing (AVX-512 CPUs before Cooper Lake): the same bits
-//! wherever no operand of a call lies below 2⁻⁵⁵ (then no sum can be subnormal, and FMA's
-//! one rounding is `dot_pair`'s; the proof is above [`fma_available`]); other calls give
-//! way to the `vdpbf16ps` tiles or the portable loops.
+//! wherever the operands of a call are not too small together (then no sum can be subnormal,
+//! and FMA's one rounding is `dot_pair`'s; the proof is above [`fma_available`]); other calls
+//! give way to the `vdpbf16ps` tiles or the portable loops.
 //!
 //! Each public function checks that the CPU has the instructions (not [`available`], whose
 //! check runs them) and that every buffer holds what its loops read or write; the `unsafe`
@@ -25,7 +25,9 @@
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
-use super::bf16::{LANES, clean_halves, clean_pairs, scores_fit, weighted_sum_fits};
+use super::bf16::{
+    FMA_MIN_EXPONENTS, LANES, min_exponent, min_exponent_halves, scores_fit, weighted_sum_fits,
+};
 
 /// Query rows per tile of scores and of weighted sums.
 const MR: usize = 4;
@@ -604,13 +606,15 @@ unsafe fn sum_tile<const R: usize, const N: usize>(
 // `dot_pair` adds each exact product of two bfloat16s to the f32 sum with one rounding, and
 // flushes a subnormal sum to a zero of its sign. `vfmadd231ps` on the values widened to f32
 // rounds `a · b + acc` once too (the product is exact either way), but keeps a subnormal
-// sum. So these tiles run only on calls where no sum can be subnormal: every nonzero operand
-// of magnitude ≥ 2⁻⁵⁵ ([`clean_pairs`]). Then every nonzero product is a multiple of 2⁻¹²⁵ (it is
-// `A · B · 2^(ea + eb − 14)` with 8-bit significands `A`, `B`, and ea + eb ≥ −110), so every
-// sum is (below 2⁻¹⁰¹ it is exact, above its ulp is a multiple of 2⁻¹²⁵), and a nonzero
-// multiple of 2⁻¹²⁵ is normal: nothing to flush, the same bits as `dot_pair`'s. A call with
-// a tinier operand returns `false` before it writes anything, and the caller runs its other
-// loops.
+// sum. So these tiles run only on calls where no sum can be subnormal: where the smallest
+// (unbiased) exponents of the nonzero values on the two sides of the products add up to
+// ea + eb ≥ −111 (`FMA_MIN_EXPONENTS`, biased). Then every nonzero product is a multiple of
+// 2⁻¹²⁵ (it is `A · B · 2^(ea + eb − 14)` with 8-bit significands `A`, `B`), so every sum is
+// (below 2⁻¹⁰¹ it is exact, above its ulp is a multiple of 2⁻¹²⁵), and a nonzero multiple of
+// 2⁻¹²⁵ is normal: nothing to flush, the same bits as `dot_pair`'s. (Typical operands are
+// far from it: q, k, v of 2⁻²⁰ and more leave room for weights down to 2⁻⁹¹, keys 63 nats
+// below a query's best.) A call past it returns `false` before it writes anything, and the
+// caller runs its other loops.
 // ---------------------------------------------------------------------------------------
 
 /// Whether this CPU has what the FMA tiles need: AVX-512F.
@@ -655,10 +659,10 @@ fn fma_agrees_with_portable() -> bool {
             .flat_map(|x| [x as u16, (x >> 16) as u16])
             .collect();
         let (mut tiles, mut portable) = (vec![0.0; rows * len], vec![0.0; rows * len]);
-        let ran = fma_scores(&q, rows, d, (&kt, false), 0, groups, &mut tiles, None);
+        let ran = fma_scores_packed(&q, rows, d, &kt, 0, groups, &mut tiles, None);
         super::bf16::scores_portable(&q, rows, d, &kt, 0, groups, &mut portable);
         let (mut w_tiles, mut w_portable) = (vec![0.0; rows * d], vec![0.0; rows * d]);
-        let w_ran = fma_weighted_sum(&p, rows, len, (&v, false), len / 2, d, &mut w_tiles, d);
+        let w_ran = fma_weighted_sum_packed(&p, rows, len, &v, len / 2, d, &mut w_tiles, d);
         super::bf16::weighted_sum_portable(&p, rows, len, &v, len / 2, d, &mut w_portable, d);
         let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         let agree = bits(&tiles) == bits(&portable) && bits(&w_tiles) == bits(&w_portable);
@@ -669,15 +673,58 @@ fn fma_agrees_with_portable() -> bool {
     true
 }
 
+/// [`fma_scores`] with the keys' smallest exponent found here (the check above and the
+/// tests).
+#[allow(clippy::too_many_arguments)]
+fn fma_scores_packed(
+    q: &[u32],
+    rows: usize,
+    d: usize,
+    kt: &[u32],
+    g_lo: usize,
+    groups: usize,
+    out: &mut [f32],
+    row_max: Option<(&mut [f32], usize)>,
+) -> bool {
+    fma_scores(
+        q,
+        rows,
+        d,
+        (kt, min_exponent(kt)),
+        g_lo,
+        groups,
+        out,
+        row_max,
+    )
+}
+
+/// [`fma_weighted_sum`] with the values' smallest exponent found here (the check above and
+/// the tests).
+#[allow(clippy::too_many_arguments)]
+fn fma_weighted_sum_packed(
+    p: &[u16],
+    rows: usize,
+    p_row: usize,
+    v: &[u32],
+    pairs: usize,
+    d: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) -> bool {
+    let values = (v, min_exponent(v));
+    fma_weighted_sum(p, rows, p_row, values, pairs, d, out, out_stride)
+}
+
 /// [`scores`] with FMA, where the operands allow it (see above): `false`, with nothing
-/// written, where a query or key of the call is too small. `keys_clean`: the caller found
-/// every key of `kt` clean (the keys are then not scanned again).
+/// written, where the queries' and keys' smallest exponents are too small together.
+/// `keys_min`: the keys' [`min_exponent`] (over `kt` or more: a smaller one only declines
+/// more calls).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn fma_scores(
     q: &[u32],
     rows: usize,
     d: usize,
-    (kt, keys_clean): (&[u32], bool),
+    (kt, keys_min): (&[u32], u32),
     g_lo: usize,
     groups: usize,
     out: &mut [f32],
@@ -700,7 +747,7 @@ pub(crate) fn fma_scores(
         &q[..rows * half],
         &kt[g_lo * group..(g_lo + groups) * group],
     );
-    if !clean_pairs(q) || !(keys_clean || clean_pairs(kt)) {
+    if min_exponent(q) + keys_min < FMA_MIN_EXPONENTS {
         return false;
     }
     // The queries widened once, each pair's odd element first (the order of the sums).
@@ -841,15 +888,15 @@ unsafe fn fma_score_tile<const R: usize, const N: usize>(
 }
 
 /// [`weighted_sum`] with FMA, where the operands allow it (see above): `false`, with nothing
-/// written, where a weight or value of the call is too small, or `d` is not a multiple of 16.
-/// `values_clean`: the caller found every value of `v` clean (they are then not scanned
-/// again).
+/// written, where the weights' and values' smallest exponents are too small together, or `d`
+/// is not a multiple of 16. `values_min`: the values' [`min_exponent`] (over `v` or more: a
+/// smaller one only declines more calls).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn fma_weighted_sum(
     p: &[u16],
     rows: usize,
     p_row: usize,
-    (v, values_clean): (&[u32], bool),
+    (v, values_min): (&[u32], u32),
     pairs: usize,
     d: usize,
     out: &mut [f32],
@@ -867,9 +914,11 @@ pub(crate) fn fma_weighted_sum(
         lengths, rows, p_row, pairs, d, out_stride
     ));
     // The slices are inside the sizes `weighted_sum_fits` checked.
-    let clean = (values_clean || clean_pairs(&v[..pairs * d]))
-        && (0..rows).all(|r| clean_halves(&p[r * p_row..r * p_row + 2 * pairs]));
-    if !clean {
+    let weights = (0..rows)
+        .map(|r| min_exponent_halves(&p[r * p_row..r * p_row + 2 * pairs]))
+        .min()
+        .unwrap_or(255);
+    if weights + values_min < FMA_MIN_EXPONENTS {
         return false;
     }
     if rows == 0 || d == 0 {
@@ -1075,6 +1124,41 @@ mod tests {
         }
     }
 
+    /// The FMA tiles' bound, exactly: smallest exponents ea + eb = −111 run, −112 decline,
+    /// for the scores (q against k) and for the weighted sums (weights against v).
+    #[test]
+    fn the_fma_tiles_run_down_to_the_bound() {
+        if !has_fma_instructions() {
+            return;
+        }
+        let (rows, d, groups) = (MR, 32, 2);
+        let len = groups * LANES;
+        // Pairs of 1.5 · 2^(e − 127), both halves.
+        let of = |e: u32, n: usize| vec![(e << 7 | 0x40) * 0x1_0001; n];
+        for (e, runs) in [(63, true), (62, false)] {
+            let (nq, nk) = (rows * d / 2, groups * d / 2 * LANES);
+            let mut out = vec![0.0; rows * len];
+            for (q, kt) in [(of(e, nq), of(80, nk)), (of(80, nq), of(e, nk))] {
+                let ran = fma_scores_packed(&q, rows, d, &kt, 0, groups, &mut out, None);
+                assert_eq!(ran, runs, "{e}");
+            }
+            let p: Vec<u16> = of(e, rows * len / 2)
+                .iter()
+                .flat_map(|&x| [x as u16, (x >> 16) as u16])
+                .collect();
+            let v = of(80, len / 2 * d);
+            let mut out = vec![0.0; rows * d];
+            assert_eq!(
+                fma_weighted_sum_packed(&p, rows, len, &v, len / 2, d, &mut out, d),
+                runs,
+                "{e}"
+            );
+            let ran = fma_weighted_sum(&p, rows, len, (&v, 80), len / 2, d, &mut out, d);
+            assert_eq!(ran, runs);
+        }
+        assert_eq!(min_exponent(&of(63, 1)), 63);
+    }
+
     /// The softmax's edges are the values they are said to be, and NaN scores: their lanes
     /// stay NaN in the tiles' totals (a swapped clamp would turn them into finite weights),
     /// the other lanes keep every bit.
@@ -1167,8 +1251,10 @@ mod tests {
 
         /// The FMA tiles give the portable code's bits wherever they run, over shapes around
         /// the tiles' edges, with zeros among the operands; and decline, writing nothing,
-        /// where one operand that counts (in q, in the call's keys, in the weights' first
-        /// `pairs` pairs of a row, in v) is below 2⁻⁵⁵.
+        /// where the two sides' smallest exponents add up to less than ea + eb = −111: every
+        /// operand's smallest is 2⁻⁴⁷ (its first value that counts), and perhaps one value of
+        /// 2⁻⁸⁷ to 2⁻⁴⁸ where it counts (in q, in the call's keys, in the weights' first
+        /// `pairs` pairs of a row, in v): −111 is reached from 2⁻⁶⁴ up.
         #[test]
         fn fma_tiles_give_the_portable_bits_or_decline(
             rows in prop_oneof![1usize..10, 15usize..40],
@@ -1177,17 +1263,16 @@ mod tests {
             d in prop_oneof![Just(16usize), Just(48usize), Just(64usize), Just(80usize), Just(128usize), Just(24usize)],
             pairs in 0usize..80,
             seed in any::<u64>(),
-            tiny in prop_oneof![Just(None), (0usize..4, any::<prop::sample::Index>()).prop_map(Some)],
+            small in prop_oneof![Just(None), (0usize..4, any::<prop::sample::Index>(), 40u32..80).prop_map(Some)],
         ) {
             prop_assume!(has_fma_instructions());
             let half = d / 2;
-            // Exponents 2⁻⁵⁴ to 2⁴⁵: the sums stay finite.
-            let (lo, span) = (73, 100);
+            // Biased exponents 80 to 119 (2⁻⁴⁷ to 2⁻⁸): the sums stay finite.
             let mut operands = [
-                packed(seed, rows * half, lo, span),
-                packed(seed ^ 1, (g_lo + groups) * half * LANES, lo, span),
-                packed(seed ^ 2, rows * (pairs + 3), lo, span),
-                packed(seed ^ 3, pairs * d, lo, span),
+                packed(seed, rows * half, 80, 40),
+                packed(seed ^ 1, (g_lo + groups) * half * LANES, 80, 40),
+                packed(seed ^ 2, rows * (pairs + 3), 80, 40),
+                packed(seed ^ 3, pairs * d, 80, 40),
             ];
             // Zeros here and there (even elements).
             for (i, x) in operands.iter_mut().enumerate() {
@@ -1195,27 +1280,28 @@ mod tests {
                     x[j] &= 0xffff_0000;
                 }
             }
-            // Perhaps one odd element with an exponent of 2⁻¹²⁶ to 2⁻⁵⁶ where it counts (the
-            // weights' rows are `pairs + 3` pairs apart).
-            let (mut q_or_k_tiny, mut w_or_v_tiny) = (false, false);
-            if let Some((which, at)) = tiny {
-                let counted = match which {
-                    0 => operands[0].len(),
-                    1 => groups * half * LANES,
-                    2 => rows * pairs,
-                    _ => pairs * d,
-                };
-                if counted > 0 {
-                    let i = at.index(counted);
-                    let i = match which {
-                        1 => g_lo * half * LANES + i,
-                        2 => i / pairs * (pairs + 3) + i % pairs,
-                        _ => i,
-                    };
-                    let x = &mut operands[which][i];
-                    *x = (*x & 0xffff) | (0x0080 + (i as u32 % 0x2380)) << 16;
-                    *(if which < 2 { &mut q_or_k_tiny } else { &mut w_or_v_tiny }) = true;
+            // Where each operand's values count: index i of them is `at(which, i)`.
+            let counted = [rows * half, groups * half * LANES, rows * pairs, pairs * d];
+            let at = |which: usize, i: usize| match which {
+                1 => g_lo * half * LANES + i,
+                2 => i / pairs * (pairs + 3) + i % pairs,
+                _ => i,
+            };
+            let set_exponent = |x: &mut u32, e: u32| *x = (*x & 0x807f_ffff) | e << 23;
+            for which in 0..4 {
+                if counted[which] > 0 {
+                    set_exponent(&mut operands[which][at(which, 0)], 80);
                 }
+            }
+            // Perhaps one smaller value, and whether its products can go below the bound.
+            let (mut q_or_k_small, mut w_or_v_small) = (false, false);
+            if let Some((which, i, e)) = small
+                && counted[which] > 0
+            {
+                let i = at(which, i.index(counted[which]));
+                set_exponent(&mut operands[which][i], e);
+                let declines = e + 80 < 2 * 127 - 111;
+                *(if which < 2 { &mut q_or_k_small } else { &mut w_or_v_small }) = declines;
             }
             let [q, kt, p, v] = operands;
             let p: Vec<u16> = p.into_iter().flat_map(|x| [x as u16, (x >> 16) as u16]).collect();
@@ -1225,9 +1311,9 @@ mod tests {
             let (mut fma, mut portable) = (vec![1.0; rows * width], vec![2.0; rows * width]);
             let mut maxes = vec![f32::NEG_INFINITY; rows];
             let keys = width - pairs % 16;
-            let ran = fma_scores(&q, rows, d, (&kt, false), g_lo, groups, &mut fma, Some((&mut maxes, keys)));
+            let ran = fma_scores_packed(&q, rows, d, &kt, g_lo, groups, &mut fma, Some((&mut maxes, keys)));
             super::super::bf16::scores_portable(&q, rows, d, &kt, g_lo, groups, &mut portable);
-            prop_assert_eq!(ran, !q_or_k_tiny);
+            prop_assert_eq!(ran, !q_or_k_small);
             if ran {
                 prop_assert_eq!(bits(&fma), bits(&portable));
                 for (r, &m) in maxes.iter().enumerate() {
@@ -1243,9 +1329,9 @@ mod tests {
             let p_row = 2 * (pairs + 3);
             let stride = d + 5;
             let (mut fma, mut portable) = (vec![1.0; rows * stride], vec![1.0; rows * stride]);
-            let ran = fma_weighted_sum(&p, rows, p_row, (&v, false), pairs, d, &mut fma, stride);
+            let ran = fma_weighted_sum_packed(&p, rows, p_row, &v, pairs, d, &mut fma, stride);
             super::super::bf16::weighted_sum_portable(&p, rows, p_row, &v, pairs, d, &mut portable, stride);
-            prop_assert_eq!(ran, d % 16 == 0 && !w_or_v_tiny);
+            prop_assert_eq!(ran, d % 16 == 0 && !w_or_v_small);
             if ran {
                 prop_assert_eq!(bits(&fma), bits(&portable));
             } else {
