@@ -222,6 +222,10 @@ pub(crate) enum Products {
     /// else the portable loops.
     #[cfg(target_arch = "x86_64")]
     Avx512Fma,
+    /// `x86_bf16_avx2`'s FMA tiles (AVX2 and FMA), under the same bound as
+    /// [`Products::Avx512Fma`]; other calls run the portable loops.
+    #[cfg(target_arch = "x86_64")]
+    Avx2Fma,
 }
 
 impl Products {
@@ -239,6 +243,9 @@ impl Products {
             if fma {
                 return Products::Avx512Fma;
             }
+            if super::x86_bf16_avx2::available() {
+                return Products::Avx2Fma;
+            }
         }
         Products::Portable
     }
@@ -251,6 +258,8 @@ impl Products {
             Products::Avx512Bf16 => "vdpbf16ps",
             #[cfg(target_arch = "x86_64")]
             Products::Avx512Fma => "fma",
+            #[cfg(target_arch = "x86_64")]
+            Products::Avx2Fma => "avx2_fma",
         }
     }
 
@@ -266,6 +275,9 @@ impl Products {
             if super::x86_bf16::fma_available() {
                 all.push(Products::Avx512Fma);
             }
+            if super::x86_bf16_avx2::available() {
+                all.push(Products::Avx2Fma);
+            }
         }
         all
     }
@@ -276,7 +288,7 @@ impl Products {
     pub(crate) fn head<'a>(self, kt: &'a [u32], v: &'a [u32]) -> HeadOperands<'a> {
         let fma = match self {
             #[cfg(target_arch = "x86_64")]
-            Products::Avx512Fma => Some((min_exponent(kt), min_exponent(v))),
+            Products::Avx512Fma | Products::Avx2Fma => Some((min_exponent(kt), min_exponent(v))),
             _ => None,
         };
         HeadOperands { kt, v, fma }
@@ -299,7 +311,7 @@ impl Products {
             #[cfg(target_arch = "x86_64")]
             Products::Avx512Bf16 => true,
             #[cfg(target_arch = "x86_64")]
-            Products::Avx512Fma => super::x86_bf16::available(),
+            Products::Avx512Fma | Products::Avx2Fma => super::x86_bf16::available(),
         }
     }
 
@@ -349,6 +361,19 @@ impl Products {
                     products.scores(q, rows, d, head, (g_lo, groups), out, row_max);
                 }
             }
+            #[cfg(target_arch = "x86_64")]
+            Products::Avx2Fma => {
+                let mut row_max = row_max;
+                let ran = head.fma.is_some_and(|(keys_min, _)| {
+                    let again = row_max.as_mut().map(|(max, keys)| (&mut **max, *keys));
+                    let keys = (kt, keys_min);
+                    super::x86_bf16_avx2::scores(q, rows, d, keys, g_lo, groups, out, again)
+                });
+                if !ran {
+                    let products = Products::Portable;
+                    products.scores(q, rows, d, head, (g_lo, groups), out, row_max);
+                }
+            }
         }
     }
 
@@ -387,6 +412,18 @@ impl Products {
                     let products = Self::without_fma();
                     let range = (pair_lo, pairs);
                     products.weighted_sum(p, rows, p_row, head, range, d, out, out_stride);
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            Products::Avx2Fma => {
+                let ran = head.fma.is_some_and(|(_, values_min)| {
+                    let values = (v, values_min);
+                    super::x86_bf16_avx2::weighted_sum(
+                        p, rows, p_row, values, pairs, d, out, out_stride,
+                    )
+                });
+                if !ran {
+                    weighted_sum_portable(p, rows, p_row, v, pairs, d, out, out_stride);
                 }
             }
             _ => weighted_sum_portable(p, rows, p_row, v, pairs, d, out, out_stride),

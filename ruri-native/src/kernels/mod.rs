@@ -43,6 +43,8 @@ mod x86_amx;
 #[cfg(target_arch = "x86_64")]
 mod x86_bf16;
 #[cfg(target_arch = "x86_64")]
+mod x86_bf16_avx2;
+#[cfg(target_arch = "x86_64")]
 mod x86_f32;
 
 use std::fmt;
