@@ -266,6 +266,7 @@ impl Products {
     /// Every variant this CPU runs, the portable loops first (for tests and benchmarks
     /// that compare them).
     pub(crate) fn all() -> Vec<Self> {
+        #[allow(unused_mut)] // tiles only on x86-64
         let mut all = vec![Products::Portable];
         #[cfg(target_arch = "x86_64")]
         {
@@ -286,12 +287,13 @@ impl Products {
     /// and [`pack_values`] gave them, and for the FMA tiles their smallest exponents, found
     /// once a head rather than in every call.
     pub(crate) fn head<'a>(self, kt: &'a [u32], v: &'a [u32]) -> HeadOperands<'a> {
-        let fma = match self {
+        HeadOperands {
+            kt,
+            v,
             #[cfg(target_arch = "x86_64")]
-            Products::Avx512Fma | Products::Avx2Fma => Some((min_exponent(kt), min_exponent(v))),
-            _ => None,
-        };
-        HeadOperands { kt, v, fma }
+            fma: matches!(self, Products::Avx512Fma | Products::Avx2Fma)
+                .then(|| (min_exponent(kt), min_exponent(v))),
+        }
     }
 
     /// Where a call the FMA tiles decline runs.
@@ -439,6 +441,7 @@ pub(crate) struct HeadOperands<'a> {
     v: &'a [u32],
     /// For the FMA tiles: the smallest exponents ([`min_exponent`]) of the keys and of the
     /// values.
+    #[cfg(target_arch = "x86_64")]
     fma: Option<(u32, u32)>,
 }
 
@@ -457,26 +460,31 @@ fn intel() -> bool {
 /// sides (bfloat16s) that `x86_bf16`'s FMA tiles take: unbiased, ea + eb ≥ −111, so that
 /// every product is a multiple of 2⁻¹²⁵ and no sum can be subnormal (the proof is in
 /// `x86_bf16`).
+#[cfg(target_arch = "x86_64")]
 pub(crate) const FMA_MIN_EXPONENTS: u32 = 2 * 127 - 111;
 
 multiversion! {
     /// The smallest biased exponent among the nonzero bfloat16s of `x` (both halves of each
     /// packed pair): 0 if one is subnormal, 255 if all are zeros (infinities and NaNs count
     /// as 255).
+    #[cfg(target_arch = "x86_64")]
     fn min_exponent / min_exponent_body(x: &[u32]) -> u32
 }
 
 multiversion! {
     /// [`min_exponent`] for bfloat16s one an item (the softmax's weights).
+    #[cfg(target_arch = "x86_64")]
     fn min_exponent_halves / min_exponent_halves_body(x: &[u16]) -> u32
 }
 
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn min_exponent_body(x: &[u32]) -> u32 {
     x.iter()
         .fold(255, |m, &w| m.min(exponent(w)).min(exponent(w >> 16)))
 }
 
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn min_exponent_halves_body(x: &[u16]) -> u32 {
     x.iter().fold(255, |m, &w| m.min(exponent(u32::from(w))))
@@ -484,6 +492,7 @@ fn min_exponent_halves_body(x: &[u16]) -> u32 {
 
 /// The biased exponent of the bfloat16 in the low 16 bits of `h`, 255 for a zero (branch
 /// free: the scans vectorize).
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn exponent(h: u32) -> u32 {
     if h & 0x7fff == 0 {
@@ -955,6 +964,7 @@ pub(crate) mod tests {
     /// The smallest exponent of a slice's nonzero bfloat16s, in either half of a pair,
     /// anywhere in the slice (the scans vectorize: lengths past a vector, the value in the
     /// tail): zeros of either sign left out, subnormals 0, infinities and NaNs 255.
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn the_smallest_exponent_leaves_zeros_out() {
         let bf16 = |x: f32| x.to_bits() >> 16;
