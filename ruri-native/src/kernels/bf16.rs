@@ -234,6 +234,13 @@ impl Products {
     /// FMA's multiply-adds a cycle on the Xeons measured, BENCHMARKS.md seventeenth step) or
     /// missing (AVX-512 CPUs before Cooper Lake), else the portable loops.
     pub(crate) fn detect() -> Self {
+        // Once: the checks run the tiles, and CPUID (the vendor) is slow in a virtual
+        // machine (it traps to the hypervisor), and every layer asks.
+        static DETECTED: std::sync::OnceLock<Products> = std::sync::OnceLock::new();
+        *DETECTED.get_or_init(Self::detect_once)
+    }
+
+    fn detect_once() -> Self {
         #[cfg(target_arch = "x86_64")]
         {
             let fma = super::x86_bf16::fma_available();
@@ -353,11 +360,13 @@ impl Products {
             #[cfg(target_arch = "x86_64")]
             Products::Avx512Fma => {
                 let mut row_max = row_max;
-                let ran = head.fma.is_some_and(|(keys_min, _)| {
-                    let again = row_max.as_mut().map(|(max, keys)| (&mut **max, *keys));
-                    let keys = (kt, keys_min);
-                    super::x86_bf16::fma_scores(q, rows, d, keys, g_lo, groups, out, again)
-                });
+                let worth = groups * LANES >= FMA_MIN_KEYS || !super::x86_bf16::available();
+                let ran = worth
+                    && head.fma.is_some_and(|(keys_min, _)| {
+                        let again = row_max.as_mut().map(|(max, keys)| (&mut **max, *keys));
+                        let keys = (kt, keys_min);
+                        super::x86_bf16::fma_scores(q, rows, d, keys, g_lo, groups, out, again)
+                    });
                 if !ran {
                     let products = Self::without_fma();
                     products.scores(q, rows, d, head, (g_lo, groups), out, row_max);
@@ -404,12 +413,14 @@ impl Products {
             }
             #[cfg(target_arch = "x86_64")]
             Products::Avx512Fma => {
-                let ran = head.fma.is_some_and(|(_, values_min)| {
-                    let values = (v, values_min);
-                    super::x86_bf16::fma_weighted_sum(
-                        p, rows, p_row, values, pairs, d, out, out_stride,
-                    )
-                });
+                let worth = 2 * pairs >= FMA_MIN_KEYS || !super::x86_bf16::available();
+                let ran = worth
+                    && head.fma.is_some_and(|(_, values_min)| {
+                        let values = (v, values_min);
+                        super::x86_bf16::fma_weighted_sum(
+                            p, rows, p_row, values, pairs, d, out, out_stride,
+                        )
+                    });
                 if !ran {
                     let products = Self::without_fma();
                     let range = (pair_lo, pairs);
@@ -463,6 +474,14 @@ fn intel() -> bool {
 #[cfg(target_arch = "x86_64")]
 pub(crate) const FMA_MIN_EXPONENTS: u32 = 2 * 127 - 111;
 
+/// The fewest keys of a call for which [`Products::Avx512Fma`] runs its FMA tiles where the
+/// `vdpbf16ps` tiles are there too: on fewer, the FMA tiles' widening of the operands costs
+/// more than their faster products save (on the Intel Xeon measured, one 23-token text's
+/// attention took 19.4 µs with them and 16.0 µs with `vdpbf16ps`; a 324-token text's 16.3
+/// and 16.8 ms; BENCHMARKS.md, seventeenth step).
+#[cfg(target_arch = "x86_64")]
+const FMA_MIN_KEYS: usize = 128;
+
 multiversion! {
     /// The smallest biased exponent among the nonzero bfloat16s of `x` (both halves of each
     /// packed pair): 0 if one is subnormal, 255 if all are zeros (infinities and NaNs count
@@ -481,7 +500,8 @@ multiversion! {
 #[inline(always)]
 fn min_exponent_body(x: &[u32]) -> u32 {
     x.iter()
-        .fold(255, |m, &w| m.min(exponent(w)).min(exponent(w >> 16)))
+        .map(|&w| exponent(w).min(exponent(w >> 16)))
+        .fold(255, u32::min)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -495,11 +515,8 @@ fn min_exponent_halves_body(x: &[u16]) -> u32 {
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn exponent(h: u32) -> u32 {
-    if h & 0x7fff == 0 {
-        255
-    } else {
-        (h >> 7) & 0xff
-    }
+    // A zero's exponent bits are 0: or-ed with 255.
+    ((h >> 7) & 0xff) | (u32::from(h & 0x7fff == 0) * 0xff)
 }
 
 multiversion! {

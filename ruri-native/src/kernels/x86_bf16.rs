@@ -754,7 +754,7 @@ pub(crate) fn fma_scores(
     let qf: Vec<f32> = q.iter().flat_map(|&x| [odd(x), even(x)]).collect();
     // A block of NV groups of keys widened, pair by pair: 16 odd elements, then 16 even
     // (in cache lines: a load that splits a line halves the tiles' speed).
-    let mut kf = vec![Line([0.0; LANES]); NV * half * 2];
+    let mut kf = vec![Line([0.0; LANES]); NV.min(groups) * half * 2];
     // SAFETY: the CPU has AVX-512F (checked above). For rows r0..r0 + n (≤ rows): the tiles
     // read qf's rows r0..r0 + n (d values each), kt's `groups` groups (`kt` is exactly those)
     // into kf (NV groups of 2 · half · 16), and write out[r0..r0 + n] in rows of
@@ -810,7 +810,7 @@ unsafe fn fma_scores_tiles(
         let nv = (groups - g0).min(NV);
         for i in 0..nv * half {
             // SAFETY: pair-vector i of groups g0..g0 + nv (< groups) of kt, and its two
-            // widened vectors in kf (NV · half · 32 f32s).
+            // widened vectors in kf (min(groups, NV) · half · 32 f32s, and nv ≤ both).
             unsafe {
                 let x = _mm512_loadu_si512(kt.add((g0 * half + i) * LANES).cast());
                 let o = _mm512_castsi512_ps(_mm512_and_si512(x, high));
@@ -931,10 +931,10 @@ pub(crate) fn fma_weighted_sum(
         return true;
     }
     // The chunk's values widened, in cache lines (d is a multiple of 16).
-    let mut vf = vec![Line([0.0; LANES]); PAIR_CHUNK * 2 * d / LANES];
+    let mut vf = vec![Line([0.0; LANES]); PAIR_CHUNK.min(pairs) * 2 * d / LANES];
     // SAFETY: the CPU has AVX-512F (checked above). Chunk j0, tile (r, c0) reads
     // p[(r..r + mr) · p_row + 2·j0..][..2·kn] (j0 + kn ≤ pairs), v[(j0..j0 + kn) · d..][..kn ·
-    // d] into vf (PAIR_CHUNK · 2d), and reads and writes out[(r..r + mr) · out_stride +
+    // d] into vf (min(pairs, PAIR_CHUNK) · 2d f32s, kn ≤ both), and reads and writes out[(r..r + mr) · out_stride +
     // c0..][..w] (c0 + w ≤ d): inside the sizes checked above.
     unsafe {
         fma_weighted_sum_tiles(
@@ -978,7 +978,7 @@ unsafe fn fma_weighted_sum_tiles(
         for j in 0..kn {
             for c in (0..d).step_by(LANES) {
                 // SAFETY: pair j0 + j < pairs of v, channels c..c + 16 ≤ d; rows 2j and
-                // 2j + 1 < 2 · PAIR_CHUNK of vf.
+                // 2j + 1 < 2 · kn of vf.
                 unsafe {
                     let x = _mm512_loadu_si512(v.add((j0 + j) * d + c).cast());
                     let o = _mm512_castsi512_ps(_mm512_and_si512(x, high));

@@ -292,7 +292,7 @@ pub(crate) fn weighted_sum(
     }
     // A chunk's values widened: pair j's odd row (key 2j + 1) at `2j · d`, its even row at
     // `(2j + 1) · d` (d a multiple of 16: rows in whole lines).
-    let mut vf = vec![Line([0.0; LANES]); PAIR_CHUNK * 2 * d / LANES];
+    let mut vf = vec![Line([0.0; LANES]); PAIR_CHUNK.min(pairs) * 2 * d / LANES];
     // A tile's weights of a chunk: row i's odd weights at `2 · PAIR_CHUNK · i`, its even ones
     // PAIR_CHUNK further.
     let mut wf = [0.0f32; MR * 2 * PAIR_CHUNK];
@@ -301,7 +301,7 @@ pub(crate) fn weighted_sum(
     while j0 < pairs {
         let kn = PAIR_CHUNK.min(pairs - j0);
         // SAFETY: the CPU has AVX2 (checked above); pairs j0..j0 + kn ≤ pairs of v (checked
-        // above), into vf's 2 · kn ≤ 2 · PAIR_CHUNK rows of d.
+        // above), into vf's 2 · kn ≤ 2 · min(pairs, PAIR_CHUNK) rows of d.
         unsafe { widen_values(v.as_ptr().add(j0 * d), kn, d, vf) };
         let mut r = 0;
         while r < rows {
