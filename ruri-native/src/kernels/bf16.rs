@@ -474,6 +474,60 @@ fn intel() -> bool {
 #[cfg(target_arch = "x86_64")]
 pub(crate) const FMA_MIN_EXPONENTS: u32 = 2 * 127 - 111;
 
+/// The check that x86's FMA tiles pass once per process before they are used: on operands
+/// in the normal range (5 queries, 5 groups of keys, 80 key pairs of values, d = 64) they
+/// must run and give the portable loops' bits; near underflow they must decline. `scores`
+/// and `weighted_sum` are the tiles with the keys' and values' smallest exponents found from
+/// the operands they are given (arguments as [`Products::scores`]' and
+/// [`Products::weighted_sum`]'s, no row maxes, values from pair 0); `true` if they ran.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::type_complexity)]
+pub(crate) fn fma_tiles_agree(
+    scores: fn(&[u32], usize, usize, &[u32], usize, usize, &mut [f32]) -> bool,
+    weighted_sum: fn(&[u16], usize, usize, &[u32], usize, usize, &mut [f32], usize) -> bool,
+) -> bool {
+    let (rows, d, groups) = (5, 64, 5);
+    let len = groups * LANES;
+    for (lo, span, clean) in [(115u32, 25u32, true), (1, 100, false)] {
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64 ^ u64::from(lo);
+        let mut pairs = |n: usize| -> Vec<u32> {
+            (0..n)
+                .map(|_| {
+                    let mut half = || {
+                        seed ^= seed << 13;
+                        seed ^= seed >> 7;
+                        seed ^= seed << 17;
+                        let exp = lo + (seed % u64::from(span)) as u32;
+                        (((seed >> 8) & 1) as u32) << 15 | exp << 7 | ((seed >> 16) & 0x7f) as u32
+                    };
+                    half() | (half() << 16)
+                })
+                .collect()
+        };
+        let (q, kt, v) = (
+            pairs(rows * d / 2),
+            pairs(groups * d / 2 * LANES),
+            pairs(len / 2 * d),
+        );
+        let p: Vec<u16> = pairs(rows * len / 2)
+            .into_iter()
+            .flat_map(|x| [x as u16, (x >> 16) as u16])
+            .collect();
+        let (mut tiles, mut portable) = (vec![0.0; rows * len], vec![0.0; rows * len]);
+        let ran = scores(&q, rows, d, &kt, 0, groups, &mut tiles);
+        scores_portable(&q, rows, d, &kt, 0, groups, &mut portable);
+        let (mut w_tiles, mut w_portable) = (vec![0.0; rows * d], vec![0.0; rows * d]);
+        let w_ran = weighted_sum(&p, rows, len, &v, len / 2, d, &mut w_tiles, d);
+        weighted_sum_portable(&p, rows, len, &v, len / 2, d, &mut w_portable, d);
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let agree = bits(&tiles) == bits(&portable) && bits(&w_tiles) == bits(&w_portable);
+        if (ran, w_ran) != (clean, clean) || (clean && !agree) {
+            return false;
+        }
+    }
+    true
+}
+
 /// The fewest keys of a call for which [`Products::Avx512Fma`] runs its FMA tiles where the
 /// `vdpbf16ps` tiles are there too: on fewer, the FMA tiles' widening of the operands costs
 /// more than their faster products save (on the Intel Xeon measured, one 23-token text's

@@ -631,46 +631,12 @@ pub(crate) fn fma_available() -> bool {
 }
 
 fn fma_agrees_with_portable() -> bool {
-    let (rows, d, groups) = (MR + 1, 64, NV + 1);
-    let len = groups * LANES;
-    for (lo, span, clean) in [(115u32, 25u32, true), (1, 100, false)] {
-        let mut seed = 0x2545_f491_4f6c_dd1d_u64 ^ u64::from(lo);
-        let mut pairs = |n: usize| -> Vec<u32> {
-            (0..n)
-                .map(|_| {
-                    let mut half = || {
-                        seed ^= seed << 13;
-                        seed ^= seed >> 7;
-                        seed ^= seed << 17;
-                        let exp = lo + (seed % u64::from(span)) as u32;
-                        (((seed >> 8) & 1) as u32) << 15 | exp << 7 | ((seed >> 16) & 0x7f) as u32
-                    };
-                    half() | (half() << 16)
-                })
-                .collect()
-        };
-        let (q, kt, v) = (
-            pairs(rows * d / 2),
-            pairs(groups * d / 2 * LANES),
-            pairs(len / 2 * d),
-        );
-        let p: Vec<u16> = pairs(rows * len / 2)
-            .into_iter()
-            .flat_map(|x| [x as u16, (x >> 16) as u16])
-            .collect();
-        let (mut tiles, mut portable) = (vec![0.0; rows * len], vec![0.0; rows * len]);
-        let ran = fma_scores_packed(&q, rows, d, &kt, 0, groups, &mut tiles, None);
-        super::bf16::scores_portable(&q, rows, d, &kt, 0, groups, &mut portable);
-        let (mut w_tiles, mut w_portable) = (vec![0.0; rows * d], vec![0.0; rows * d]);
-        let w_ran = fma_weighted_sum_packed(&p, rows, len, &v, len / 2, d, &mut w_tiles, d);
-        super::bf16::weighted_sum_portable(&p, rows, len, &v, len / 2, d, &mut w_portable, d);
-        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-        let agree = bits(&tiles) == bits(&portable) && bits(&w_tiles) == bits(&w_portable);
-        if (ran, w_ran) != (clean, clean) || (clean && !agree) {
-            return false;
-        }
-    }
-    true
+    super::bf16::fma_tiles_agree(
+        |q, rows, d, kt, g_lo, groups, out| {
+            fma_scores_packed(q, rows, d, kt, g_lo, groups, out, None)
+        },
+        fma_weighted_sum_packed,
+    )
 }
 
 /// [`fma_scores`] with the keys' smallest exponent found here (the check above and the

@@ -37,48 +37,15 @@ fn has_instructions() -> bool {
 }
 
 fn agrees_with_portable() -> bool {
-    let (rows, d, groups) = (MR + 1, 64, 3);
-    let len = groups * LANES;
-    for (lo, span, clean) in [(115u32, 25u32, true), (1, 100, false)] {
-        let mut seed = 0x9e37_79b9_7f4a_7c15_u64 ^ u64::from(lo);
-        let mut pairs = |n: usize| -> Vec<u32> {
-            (0..n)
-                .map(|_| {
-                    let mut half = || {
-                        seed ^= seed << 13;
-                        seed ^= seed >> 7;
-                        seed ^= seed << 17;
-                        let exp = lo + (seed % u64::from(span)) as u32;
-                        (((seed >> 8) & 1) as u32) << 15 | exp << 7 | ((seed >> 16) & 0x7f) as u32
-                    };
-                    half() | (half() << 16)
-                })
-                .collect()
-        };
-        let (q, kt, v) = (
-            pairs(rows * d / 2),
-            pairs(groups * d / 2 * LANES),
-            pairs(len / 2 * d),
-        );
-        let p: Vec<u16> = pairs(rows * len / 2)
-            .into_iter()
-            .flat_map(|x| [x as u16, (x >> 16) as u16])
-            .collect();
-        let (mut tiles, mut portable) = (vec![0.0; rows * len], vec![0.0; rows * len]);
-        let keys = (&kt[..], min_exponent(&kt));
-        let ran = scores(&q, rows, d, keys, 0, groups, &mut tiles, None);
-        super::bf16::scores_portable(&q, rows, d, &kt, 0, groups, &mut portable);
-        let (mut w_tiles, mut w_portable) = (vec![0.0; rows * d], vec![0.0; rows * d]);
-        let values = (&v[..], min_exponent(&v));
-        let w_ran = weighted_sum(&p, rows, len, values, len / 2, d, &mut w_tiles, d);
-        super::bf16::weighted_sum_portable(&p, rows, len, &v, len / 2, d, &mut w_portable, d);
-        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-        let agree = bits(&tiles) == bits(&portable) && bits(&w_tiles) == bits(&w_portable);
-        if (ran, w_ran) != (clean, clean) || (clean && !agree) {
-            return false;
-        }
-    }
-    true
+    super::bf16::fma_tiles_agree(
+        |q, rows, d, kt, g_lo, groups, out| {
+            scores(q, rows, d, (kt, min_exponent(kt)), g_lo, groups, out, None)
+        },
+        |p, rows, p_row, v, pairs, d, out, out_stride| {
+            let values = (v, min_exponent(v));
+            weighted_sum(p, rows, p_row, values, pairs, d, out, out_stride)
+        },
+    )
 }
 
 /// 16 f32s in one cache line (widened operands: a load that splits a line is slow).
