@@ -528,6 +528,51 @@ pub(crate) fn fma_tiles_agree(
     true
 }
 
+/// What x86's FMA weighted sums do before their tiles (arguments as
+/// [`Products::weighted_sum`]'s, `values_min` the values' [`min_exponent`] or a smaller
+/// one): `None` to decline, with nothing written (`d` not a multiple of 16, or the weights'
+/// and values' smallest exponents too small together); `Some(false)` when nothing is left to
+/// do (no rows; no pairs: the outputs written as zeros); `Some(true)` to run the tiles, on
+/// buffers that hold what they read and write (checked here: a panic otherwise).
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn fma_weighted_sum_start(
+    p: &[u16],
+    rows: usize,
+    p_row: usize,
+    (v, values_min): (&[u32], u32),
+    pairs: usize,
+    d: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) -> Option<bool> {
+    if !d.is_multiple_of(LANES) {
+        return None;
+    }
+    let lengths = (p.len(), v.len(), out.len());
+    assert!(weighted_sum_fits(
+        lengths, rows, p_row, pairs, d, out_stride
+    ));
+    // The slices are inside the sizes `weighted_sum_fits` checked.
+    let weights = (0..rows)
+        .map(|r| min_exponent_halves(&p[r * p_row..r * p_row + 2 * pairs]))
+        .min()
+        .unwrap_or(255);
+    if weights + values_min < FMA_MIN_EXPONENTS {
+        return None;
+    }
+    if rows == 0 || d == 0 {
+        return Some(false);
+    }
+    if pairs == 0 {
+        for r in 0..rows {
+            out[r * out_stride..r * out_stride + d].fill(0.0);
+        }
+        return Some(false);
+    }
+    Some(true)
+}
+
 /// The fewest keys of a call for which [`Products::Avx512Fma`] runs its FMA tiles where the
 /// `vdpbf16ps` tiles are there too: on fewer, the FMA tiles' widening of the operands costs
 /// more than their faster products save (on the Intel Xeon measured, one 23-token text's

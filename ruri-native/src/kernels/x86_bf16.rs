@@ -25,9 +25,7 @@
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
-use super::bf16::{
-    FMA_MIN_EXPONENTS, LANES, min_exponent, min_exponent_halves, scores_fit, weighted_sum_fits,
-};
+use super::bf16::{FMA_MIN_EXPONENTS, LANES, min_exponent, scores_fit, weighted_sum_fits};
 
 /// Query rows per tile of scores and of weighted sums.
 const MR: usize = 4;
@@ -872,36 +870,27 @@ pub(crate) fn fma_weighted_sum(
         has_fma_instructions(),
         "AVX-512 tiles on a CPU without them"
     );
-    if !d.is_multiple_of(LANES) {
-        return false;
-    }
-    let lengths = (p.len(), v.len(), out.len());
-    assert!(weighted_sum_fits(
-        lengths, rows, p_row, pairs, d, out_stride
-    ));
-    // The slices are inside the sizes `weighted_sum_fits` checked.
-    let weights = (0..rows)
-        .map(|r| min_exponent_halves(&p[r * p_row..r * p_row + 2 * pairs]))
-        .min()
-        .unwrap_or(255);
-    if weights + values_min < FMA_MIN_EXPONENTS {
-        return false;
-    }
-    if rows == 0 || d == 0 {
-        return true;
-    }
-    if pairs == 0 {
-        for r in 0..rows {
-            out[r * out_stride..r * out_stride + d].fill(0.0);
-        }
-        return true;
+    match super::bf16::fma_weighted_sum_start(
+        p,
+        rows,
+        p_row,
+        (v, values_min),
+        pairs,
+        d,
+        out,
+        out_stride,
+    ) {
+        Some(true) => {}
+        Some(false) => return true,
+        None => return false,
     }
     // The chunk's values widened, in cache lines (d is a multiple of 16).
     let mut vf = vec![Line([0.0; LANES]); PAIR_CHUNK.min(pairs) * 2 * d / LANES];
     // SAFETY: the CPU has AVX-512F (checked above). Chunk j0, tile (r, c0) reads
     // p[(r..r + mr) · p_row + 2·j0..][..2·kn] (j0 + kn ≤ pairs), v[(j0..j0 + kn) · d..][..kn ·
-    // d] into vf (min(pairs, PAIR_CHUNK) · 2d f32s, kn ≤ both), and reads and writes out[(r..r + mr) · out_stride +
-    // c0..][..w] (c0 + w ≤ d): inside the sizes checked above.
+    // d] into vf (min(pairs, PAIR_CHUNK) · 2d f32s, kn ≤ both), and reads and writes
+    // out[(r..r + mr) · out_stride + c0..][..w] (c0 + w ≤ d): inside the sizes that
+    // `fma_weighted_sum_start` checked (`weighted_sum_fits`; d a multiple of 16).
     unsafe {
         fma_weighted_sum_tiles(
             p.as_ptr(),

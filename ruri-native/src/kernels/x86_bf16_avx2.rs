@@ -13,9 +13,7 @@
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
-use super::bf16::{
-    FMA_MIN_EXPONENTS, LANES, min_exponent, min_exponent_halves, scores_fit, weighted_sum_fits,
-};
+use super::bf16::{FMA_MIN_EXPONENTS, LANES, min_exponent, scores_fit};
 
 /// f32 lanes of a vector.
 const W: usize = 8;
@@ -233,29 +231,19 @@ pub(crate) fn weighted_sum(
     out_stride: usize,
 ) -> bool {
     assert!(has_instructions(), "AVX2 tiles on a CPU without them");
-    if !d.is_multiple_of(LANES) {
-        return false;
-    }
-    let lengths = (p.len(), v.len(), out.len());
-    assert!(weighted_sum_fits(
-        lengths, rows, p_row, pairs, d, out_stride
-    ));
-    // The slices are inside the sizes `weighted_sum_fits` checked.
-    let weights = (0..rows)
-        .map(|r| min_exponent_halves(&p[r * p_row..r * p_row + 2 * pairs]))
-        .min()
-        .unwrap_or(255);
-    if weights + values_min < FMA_MIN_EXPONENTS {
-        return false;
-    }
-    if rows == 0 || d == 0 {
-        return true;
-    }
-    if pairs == 0 {
-        for r in 0..rows {
-            out[r * out_stride..r * out_stride + d].fill(0.0);
-        }
-        return true;
+    match super::bf16::fma_weighted_sum_start(
+        p,
+        rows,
+        p_row,
+        (v, values_min),
+        pairs,
+        d,
+        out,
+        out_stride,
+    ) {
+        Some(true) => {}
+        Some(false) => return true,
+        None => return false,
     }
     // A chunk's values widened: pair j's odd row (key 2j + 1) at `2j · d`, its even row at
     // `(2j + 1) · d` (d a multiple of 16: rows in whole lines).
@@ -268,7 +256,7 @@ pub(crate) fn weighted_sum(
     while j0 < pairs {
         let kn = PAIR_CHUNK.min(pairs - j0);
         // SAFETY: the CPU has AVX2 (checked above); pairs j0..j0 + kn ≤ pairs of v (checked
-        // above), into vf's 2 · kn ≤ 2 · min(pairs, PAIR_CHUNK) rows of d.
+        // by `fma_weighted_sum_start`), into vf's 2 · kn ≤ 2 · min(pairs, PAIR_CHUNK) rows of d.
         unsafe { widen_values(v.as_ptr().add(j0 * d), kn, d, vf) };
         let mut r = 0;
         while r < rows {
@@ -283,7 +271,7 @@ pub(crate) fn weighted_sum(
             }
             for c0 in (0..d).step_by(LANES) {
                 // SAFETY: the CPU has AVX2 and FMA (checked above). Rows r..r + mr of out
-                // (inside: checked above) and of wf, the chunk's kn pairs of vf, channels
+                // (inside: checked by `fma_weighted_sum_start`) and of wf, the chunk's kn pairs of vf, channels
                 // c0..c0 + 16 ≤ d.
                 unsafe {
                     let (wt, vt) = (wf.as_ptr(), vf.add(c0));
