@@ -474,6 +474,20 @@ fn intel() -> bool {
 #[cfg(target_arch = "x86_64")]
 pub(crate) const FMA_MIN_EXPONENTS: u32 = 2 * 127 - 111;
 
+/// `n` packed pairs of random bfloat16s (a xorshift of `state`, which must not be 0): random
+/// signs and mantissas, biased exponents in `lo..lo + span` (the tiles' checks and tests).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn random_pairs(state: &mut u64, n: usize, lo: u32, span: u32) -> Vec<u32> {
+    let mut half = || {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        let exp = lo + (*state % u64::from(span)) as u32;
+        (((*state >> 8) & 1) as u32) << 15 | exp << 7 | ((*state >> 16) & 0x7f) as u32
+    };
+    (0..n).map(|_| half() | (half() << 16)).collect()
+}
+
 /// The check that x86's FMA tiles pass once per process before they are used: on operands
 /// in the normal range (5 queries, 5 groups of keys, 80 key pairs of values, d = 64) they
 /// must run and give the portable loops' bits; near underflow they must decline. `scores`
@@ -490,20 +504,7 @@ pub(crate) fn fma_tiles_agree(
     let len = groups * LANES;
     for (lo, span, clean) in [(115u32, 25u32, true), (1, 100, false)] {
         let mut seed = 0x2545_f491_4f6c_dd1d_u64 ^ u64::from(lo);
-        let mut pairs = |n: usize| -> Vec<u32> {
-            (0..n)
-                .map(|_| {
-                    let mut half = || {
-                        seed ^= seed << 13;
-                        seed ^= seed >> 7;
-                        seed ^= seed << 17;
-                        let exp = lo + (seed % u64::from(span)) as u32;
-                        (((seed >> 8) & 1) as u32) << 15 | exp << 7 | ((seed >> 16) & 0x7f) as u32
-                    };
-                    half() | (half() << 16)
-                })
-                .collect()
-        };
+        let mut pairs = |n: usize| random_pairs(&mut seed, n, lo, span);
         let (q, kt, v) = (
             pairs(rows * d / 2),
             pairs(groups * d / 2 * LANES),

@@ -363,19 +363,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn packed(seed: u64, n: usize, lo: u32, span: u32) -> Vec<u32> {
-        let mut state = seed | 1;
-        (0..n)
-            .map(|_| {
-                let mut half = || {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    let exp = lo + (state % u64::from(span)) as u32;
-                    (((state >> 8) & 1) as u32) << 15 | exp << 7 | ((state >> 16) & 0x7f) as u32
-                };
-                half() | (half() << 16)
-            })
-            .collect()
+        super::super::bf16::random_pairs(&mut (seed | 1), n, lo, span)
     }
 
     #[test]
