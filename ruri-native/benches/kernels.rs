@@ -93,7 +93,8 @@ fn kernels(c: &mut Criterion) {
     }
     // bf16 attention (`AttentionPrecision::Bf16`): what this CPU detects, and each place
     // it can run the products (`bf16_portable`, the loops CPUs without the instructions run;
-    // `bf16_vdpbf16ps`, AVX-512 BF16's tiles; `bf16_fma`, AVX-512F's FMA tiles).
+    // `bf16_vdpbf16ps`, AVX-512 BF16's tiles; `bf16_fma`, AVX-512F's FMA tiles;
+    // `bf16_avx2_fma`, AVX2's).
     for len in [23, 2048] {
         let detected = Attention::with_precision(len, 4, 64, AttentionPrecision::Bf16);
         let variants = Attention::bf16_variants(len, 4, 64)

@@ -433,8 +433,9 @@ mod tests {
             sharp in prop_oneof![Just(1.0f32), Just(6.0f32)],
         ) {
             let h = 2 * d + 16;
-            // Mild scores (every weight above 2⁻⁵⁵: the FMA tiles take the weighted sums)
-            // and sharp ones (weights far below the max: they give them up); values of
+            // Mild scores (weights near the max: the FMA tiles take the weighted sums of 128
+            // keys and more) and sharp ones (weights far below it: they may give them up);
+            // values of
             // magnitudes 2⁻¹⁰ to 2¹⁰, so that the sums round and their order shows.
             let mut qkv = values(seed, len * 3 * h, sharp);
             for (i, x) in qkv.iter_mut().enumerate().filter(|(i, _)| i % (3 * h) >= 2 * h) {

@@ -340,7 +340,8 @@ pub mod bench {
 
         /// [`new`](Self::new) with bf16 attention in each place this CPU can run its
         /// products (the same bits in each), named: `portable` (the loops every CPU runs),
-        /// `vdpbf16ps` (AVX-512 BF16's tiles), `fma` (AVX-512F's FMA tiles).
+        /// `vdpbf16ps` (AVX-512 BF16's tiles), `fma` (AVX-512F's FMA tiles), `avx2_fma`
+        /// (AVX2's).
         pub fn bf16_variants(len: usize, heads: usize, d: usize) -> Vec<(&'static str, Self)> {
             crate::kernels::bf16::Products::all()
                 .into_iter()

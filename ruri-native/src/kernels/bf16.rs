@@ -1,8 +1,10 @@
 //! The arithmetic of [`AttentionPrecision::Bf16`](crate::AttentionPrecision::Bf16):
 //! attention's two products on bfloat16 inputs with f32 sums, defined so that AVX-512 BF16's
 //! `vdpbf16ps` computes it in one instruction per 32 multiply-adds, and written here in
-//! portable Rust with the same bits (every CPU without the instruction runs this; the
-//! instruction's tiles, `x86_bf16`, are checked against it).
+//! portable Rust with the same bits (CPUs without the instruction or x86's FMA tiles run
+//! this; the tiles, `x86_bf16` and `x86_bf16_avx2`, are checked against it). The bits are the
+//! same everywhere but in NaNs: a NaN output (from a NaN or infinite input) may carry
+//! another sign or payload from one variant to another.
 //!
 //! The definition, per head of one text:
 //!
@@ -244,7 +246,7 @@ impl Products {
         #[cfg(target_arch = "x86_64")]
         {
             let fma = super::x86_bf16::fma_available();
-            if super::x86_bf16::available() && !(fma && intel()) {
+            if super::x86_bf16::available() && !(fma && super::x86_bf16::intel()) {
                 return Products::Avx512Bf16;
             }
             if fma {
@@ -314,6 +316,7 @@ impl Products {
     }
 
     /// Whether the softmax runs `x86_bf16`'s tiles.
+    #[cfg(target_arch = "x86_64")]
     fn softmax_tiles(self) -> bool {
         match self {
             Products::Portable => false,
@@ -456,23 +459,12 @@ pub(crate) struct HeadOperands<'a> {
     fma: Option<(u32, u32)>,
 }
 
-/// Whether this is an Intel CPU (CPUID's vendor string), where [`Products::detect`] prefers
-/// FMA to `vdpbf16ps`.
-#[cfg(target_arch = "x86_64")]
-fn intel() -> bool {
-    // SAFETY: CPUID leaf 0 exists on every x86-64 CPU. (`__cpuid` is a safe function in the
-    // Rust that builds here, an unsafe one in older releases: hence the allowance.)
-    #[allow(unused_unsafe)]
-    let id = unsafe { std::arch::x86_64::__cpuid(0) };
-    (id.ebx, id.edx, id.ecx) == (0x756e_6547, 0x4965_6e69, 0x6c65_746e)
-}
-
-/// The least sum of the smallest biased exponents ([`min_exponent`]) of a product's two
-/// sides (bfloat16s) that `x86_bf16`'s FMA tiles take: unbiased, ea + eb ≥ −111, so that
-/// every product is a multiple of 2⁻¹²⁵ and no sum can be subnormal (the proof is in
-/// `x86_bf16`).
-#[cfg(target_arch = "x86_64")]
-pub(crate) const FMA_MIN_EXPONENTS: u32 = 2 * 127 - 111;
+/// The least sum of the smallest biased exponents of a product's two sides (bfloat16s) for
+/// which sums in one rounding each need no flushing: unbiased, ea + eb ≥ −112, so that every
+/// product's lowest bit is at least 2⁻¹²⁶, every sum a multiple of it, and a nonzero one
+/// never subnormal. [`f32_is_exact`] and x86's FMA tiles (the proof is in `x86_bf16`) take
+/// it.
+pub(crate) const FMA_MIN_EXPONENTS: u32 = 2 * 127 - 112;
 
 /// `n` packed pairs of random bfloat16s (a xorshift of `state`, which must not be 0): random
 /// signs and mantissas, biased exponents in `lo..lo + span` (the tiles' checks and tests).
@@ -838,7 +830,7 @@ fn exponents<T: Copy + Into<u32>>(x: &[T]) -> (u32, u32) {
 #[inline(always)]
 fn f32_is_exact(a: (u32, u32), b: (u32, u32), terms: usize) -> bool {
     let log2_terms = usize::BITS - terms.max(1).saturating_sub(1).leading_zeros();
-    a.0 + b.0 >= 142 && a.1 < 255 && b.1 < 255 && a.1 + b.1 + log2_terms <= 379
+    a.0 + b.0 >= FMA_MIN_EXPONENTS && a.1 < 255 && b.1 < 255 && a.1 + b.1 + log2_terms <= 379
 }
 
 /// [`to_bf16`] of an exp of [`exp2_nonpositive`] (a normal f32 in [2⁻¹²⁶, 1], or 0, or
@@ -1210,6 +1202,28 @@ pub(crate) mod tests {
         assert_eq!(dot_pair(0.0, pair(0.0, s), pair(0.0, s)).to_bits(), 0);
         let negative = dot_pair(0.0, pair(-0.0, -s), pair(0.0, s));
         assert_eq!(negative.to_bits(), 0x8000_0000);
+    }
+
+    /// Operands whose sums cancel down to one unit of their products' lowest bit, the two
+    /// sides' biased exponents adding up to `e_a + e_b`: a side-`a` pair of significands
+    /// (128, 129) (even, odd) against a side-`b` pair (−130, 129), so that `dot_pair` folds
+    /// 129 · 129 · 2ˢ, then −128 · 130 · 2ˢ, to exactly 2ˢ, s = e_a + e_b − 268 (before its
+    /// flush): 2⁻¹²⁶ at the FMA tiles' bound (142), a subnormal 2⁻¹²⁷ one step below.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn cancelling_pairs(e_a: u32, e_b: u32) -> (u32, u32) {
+        let half = |sign: u32, e: u32, significand: u32| sign << 15 | e << 7 | (significand - 128);
+        (
+            half(0, e_a, 128) | half(0, e_a, 129) << 16,
+            half(1, e_b, 130) | half(0, e_b, 129) << 16,
+        )
+    }
+
+    /// The same sum as FMA computes it without flushing: the odd products first.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn fma_pair(acc: f32, a: u32, b: u32) -> f32 {
+        let (a_even, a_odd) = unpair(a);
+        let (b_even, b_odd) = unpair(b);
+        a_even.mul_add(b_even, a_odd.mul_add(b_odd, acc))
     }
 
     /// `n` values in `[−spread/2, spread/2)` from a xorshift of `seed` (the attention tests'

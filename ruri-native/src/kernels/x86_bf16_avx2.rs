@@ -3,7 +3,7 @@
 //! and an add for every product): the same tiles as `x86_bf16`'s FMA tiles, 8 lanes wide,
 //! under the same bound and for the same reason (the proof is in `x86_bf16`, above
 //! `fma_available`): where the smallest exponents of a call's two sides add up to
-//! ea + eb ≥ −111 no sum can be subnormal, and FMA's one rounding is `dot_pair`'s. A call
+//! ea + eb ≥ −112 no sum can be subnormal, and FMA's one rounding is `dot_pair`'s. A call
 //! past the bound returns `false` before it writes anything, and the caller runs the
 //! portable loops.
 //!
@@ -13,7 +13,7 @@
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
-use super::bf16::{FMA_MIN_EXPONENTS, LANES, min_exponent, scores_fit};
+use super::bf16::{FMA_MIN_EXPONENTS, LANES, min_exponent, scores_fit, weighted_sum_fits};
 
 /// f32 lanes of a vector.
 const W: usize = 8;
@@ -245,6 +245,15 @@ pub(crate) fn weighted_sum(
         Some(false) => return true,
         None => return false,
     }
+    // Checked there too; here again, next to the `unsafe` that relies on it.
+    assert!(weighted_sum_fits(
+        (p.len(), v.len(), out.len()),
+        rows,
+        p_row,
+        pairs,
+        d,
+        out_stride
+    ));
     // A chunk's values widened: pair j's odd row (key 2j + 1) at `2j · d`, its even row at
     // `(2j + 1) · d` (d a multiple of 16: rows in whole lines).
     let mut vf = vec![Line([0.0; LANES]); PAIR_CHUNK.min(pairs) * 2 * d / LANES];
@@ -256,7 +265,7 @@ pub(crate) fn weighted_sum(
     while j0 < pairs {
         let kn = PAIR_CHUNK.min(pairs - j0);
         // SAFETY: the CPU has AVX2 (checked above); pairs j0..j0 + kn ≤ pairs of v (checked
-        // by `fma_weighted_sum_start`), into vf's 2 · kn ≤ 2 · min(pairs, PAIR_CHUNK) rows of d.
+        // above), into vf's 2 · kn ≤ 2 · min(pairs, PAIR_CHUNK) rows of d.
         unsafe { widen_values(v.as_ptr().add(j0 * d), kn, d, vf) };
         let mut r = 0;
         while r < rows {
@@ -271,7 +280,7 @@ pub(crate) fn weighted_sum(
             }
             for c0 in (0..d).step_by(LANES) {
                 // SAFETY: the CPU has AVX2 and FMA (checked above). Rows r..r + mr of out
-                // (inside: checked by `fma_weighted_sum_start`) and of wf, the chunk's kn pairs of vf, channels
+                // (inside: checked above) and of wf, the chunk's kn pairs of vf, channels
                 // c0..c0 + 16 ≤ d.
                 unsafe {
                     let (wt, vt) = (wf.as_ptr(), vf.add(c0));
@@ -378,7 +387,7 @@ mod tests {
         }
     }
 
-    /// The bound, exactly: smallest exponents ea + eb = −111 run, −112 decline.
+    /// The bound, exactly: smallest exponents ea + eb = −112 run, −113 decline.
     #[test]
     fn the_tiles_run_down_to_the_bound() {
         if !has_instructions() {
@@ -387,7 +396,7 @@ mod tests {
         let (rows, d, groups) = (MR, 32, 2);
         let len = groups * LANES;
         let of = |e: u32, n: usize| vec![(e << 7 | 0x40) * 0x1_0001; n];
-        for (e, runs) in [(63, true), (62, false)] {
+        for (e, runs) in [(62, true), (61, false)] {
             let (nq, nk) = (rows * d / 2, groups * d / 2 * LANES);
             let mut out = vec![0.0; rows * len];
             for (q, kt) in [(of(e, nq), of(80, nk)), (of(80, nq), of(e, nk))] {
@@ -409,6 +418,85 @@ mod tests {
         }
     }
 
+    /// At the bound the tiles give the definition's bits where a sum cancels down to the
+    /// products' lowest bit (2⁻¹²⁶, normal); one step below, that sum is a subnormal FMA
+    /// keeps and the definition flushes (so the bound matters), and the tiles decline.
+    #[test]
+    fn at_the_bound_a_cancelling_sum_keeps_the_definitions_bits() {
+        use super::super::bf16::tests::{cancelling_pairs, fma_pair};
+        if !has_instructions() {
+            return;
+        }
+        let (rows, d, groups, pairs) = (MR + 1, 16, 2, 16);
+        for (e_a, e_b, runs) in [(62, 80, true), (80, 62, true), (61, 80, false)] {
+            let (a, b) = cancelling_pairs(e_a, e_b);
+            let want = if runs { f32::MIN_POSITIVE } else { 0.0 };
+            assert_eq!(super::super::bf16::dot_pair(0.0, a, b), want);
+            if !runs {
+                assert_eq!(fma_pair(0.0, a, b), f32::MIN_POSITIVE / 2.0);
+            }
+            // Scores: one pair of channels at the start of each query, zeros after.
+            let mut q = vec![0u32; rows * d / 2];
+            let mut kt = vec![0u32; groups * d / 2 * LANES];
+            for r in 0..rows {
+                q[r * d / 2] = a;
+            }
+            for g in 0..groups {
+                for i in 0..LANES {
+                    kt[g * d / 2 * LANES + i] = b;
+                }
+            }
+            let (mut tiles, mut portable) = (
+                vec![9.0; rows * groups * LANES],
+                vec![7.0; rows * groups * LANES],
+            );
+            let scores = |q: &[u32], rows, d, kt: &[u32], g_lo, groups, out: &mut [f32]| {
+                scores(q, rows, d, (kt, min_exponent(kt)), g_lo, groups, out, None)
+            };
+            let ran = scores(&q, rows, d, &kt, 0, groups, &mut tiles);
+            super::super::bf16::scores_portable(&q, rows, d, &kt, 0, groups, &mut portable);
+            assert_eq!(ran, runs, "{e_a} + {e_b}");
+            assert!(portable.iter().all(|x| x.to_bits() == want.to_bits()));
+            if runs {
+                assert!(tiles.iter().all(|x| x.to_bits() == want.to_bits()));
+            } else {
+                assert!(tiles.iter().all(|&x| x == 9.0));
+            }
+            // Weighted sums: each row's first pair of weights against values whose first
+            // pair of keys cancels, the other pairs zero.
+            let (w, v) = (a, b);
+            let mut p = vec![0u16; rows * 2 * pairs];
+            for r in 0..rows {
+                p[r * 2 * pairs] = w as u16;
+                p[r * 2 * pairs + 1] = (w >> 16) as u16;
+            }
+            let mut vp = vec![0u32; pairs * d];
+            vp[..d].fill(v);
+            let (mut tiles, mut portable) = (vec![9.0; rows * d], vec![7.0; rows * d]);
+            let sums = |p: &[u16], rows, p_row, v: &[u32], pairs, d, out: &mut [f32], stride| {
+                weighted_sum(p, rows, p_row, (v, min_exponent(v)), pairs, d, out, stride)
+            };
+            let ran = sums(&p, rows, 2 * pairs, &vp, pairs, d, &mut tiles, d);
+            super::super::bf16::weighted_sum_portable(
+                &p,
+                rows,
+                2 * pairs,
+                &vp,
+                pairs,
+                d,
+                &mut portable,
+                d,
+            );
+            assert_eq!(ran, runs, "{e_a} + {e_b}");
+            assert!(portable.iter().all(|x| x.to_bits() == want.to_bits()));
+            if runs {
+                assert!(tiles.iter().all(|x| x.to_bits() == want.to_bits()));
+            } else {
+                assert!(tiles.iter().all(|&x| x == 9.0));
+            }
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(48))]
         /// The tiles give the portable code's bits over shapes around the tiles' edges, with
@@ -424,7 +512,9 @@ mod tests {
             seed in any::<u64>(),
             underflow in any::<bool>(),
         ) {
-            prop_assume!(has_instructions());
+            if !has_instructions() {
+                return Ok(());
+            }
             let half = d / 2;
             // Normal: biased exponents 80 to 119 (sums never subnormal); near underflow: 1
             // to 40 (products far below the bound).
