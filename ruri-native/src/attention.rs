@@ -46,6 +46,8 @@ pub(crate) struct AttentionScratch {
     /// row's `1 / total` (`kernels::bf16`).
     kt16: Vec<u32>,
     v16: Vec<u32>,
+    /// The FMA tiles' widened operands, kept from call to call (`kernels::bf16::Widened`).
+    widened: bf16::Widened,
     q16: Vec<u32>,
     p16: Vec<u16>,
     inv: [f32; QUERY_BLOCK],
@@ -298,6 +300,7 @@ fn attend_bf16(
     let AttentionScratch {
         kt16,
         v16,
+        widened,
         q16,
         p16,
         scores,
@@ -306,7 +309,7 @@ fn attend_bf16(
     } = scratch;
     bf16::pack_keys(head.k, stride, len, d, kt16);
     bf16::pack_values(head.v, stride, len, d, v16);
-    let head_operands = products.head(kt16, v16);
+    let head_operands = products.head(kt16, v16, len);
     let half = d / 2;
     q16.resize(QUERY_BLOCK * half, 0);
     let whole = within_window(positions, window);
@@ -329,14 +332,15 @@ fn attend_bf16(
         let mut maxes = [f32::NEG_INFINITY; QUERY_BLOCK];
         let row_max = whole.then_some((&mut maxes[..rows], len));
         let keys = (lo / bf16::LANES, groups);
-        products.scores(q16, rows, d, &head_operands, keys, s, row_max);
+        products.scores(q16, rows, d, &head_operands, keys, (s, widened), row_max);
         let maxes = whole.then_some(&maxes[..rows]);
         bf16::softmax(products, s, width, &b.own[..rows], scale, maxes, p, inv);
         // Key pairs from `lo` (even) to `hi`, the last one completed by a zero weight.
         let pairs = (hi - lo).div_ceil(2);
         let o = &mut out[first * out_stride..];
         let values = (lo / 2, pairs);
-        products.weighted_sum(p, rows, width, &head_operands, values, d, o, out_stride);
+        let o_rows = (&mut *o, out_stride);
+        products.weighted_sum(p, rows, width, &head_operands, values, d, o_rows, widened);
         // Normalized at the end.
         for (r, &inv) in inv[..rows].iter().enumerate() {
             for x in &mut o[r * out_stride..r * out_stride + d] {

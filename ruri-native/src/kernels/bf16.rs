@@ -109,7 +109,7 @@ pub(crate) fn pair(lo: f32, hi: f32) -> u32 {
 
 /// The even (low) and odd (high) bfloat16 of a packed pair, as f32.
 #[inline(always)]
-fn unpair(x: u32) -> (f32, f32) {
+pub(crate) fn unpair(x: u32) -> (f32, f32) {
     (f32::from_bits(x << 16), f32::from_bits(x & 0xffff_0000))
 }
 
@@ -293,16 +293,46 @@ impl Products {
     }
 
     /// A head's keys and values as these products read them: `kt` and `v` as [`pack_keys`]
-    /// and [`pack_values`] gave them, and for the FMA tiles their smallest exponents, found
-    /// once a head rather than in every call.
-    pub(crate) fn head<'a>(self, kt: &'a [u32], v: &'a [u32]) -> HeadOperands<'a> {
+    /// and [`pack_values`] gave them for a text of `len` positions, and for the FMA tiles
+    /// their smallest exponents, found once a head rather than in every call (and not at all
+    /// where no call of the text has the keys the tiles need).
+    pub(crate) fn head<'a>(self, kt: &'a [u32], v: &'a [u32], len: usize) -> HeadOperands<'a> {
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = len;
         HeadOperands {
             kt,
             v,
             #[cfg(target_arch = "x86_64")]
-            fma: matches!(self, Products::Avx512Fma | Products::Avx2Fma)
+            fma: (matches!(self, Products::Avx512Fma | Products::Avx2Fma)
+                && len.div_ceil(LANES) * LANES >= self.fma_parts().3)
                 .then(|| (min_exponent(kt), min_exponent(v))),
         }
+    }
+
+    /// An FMA variant's tiles, the products that run the calls they decline, and the fewest
+    /// keys a call needs: [`FMA_MIN_KEYS`] where those are the `vdpbf16ps` tiles (faster on
+    /// short calls), else none. The AVX2 tiles give way to the portable loops.
+    #[cfg(target_arch = "x86_64")]
+    fn fma_parts(self) -> (FmaScores, FmaSums, Products, usize) {
+        let (scores, sums, fallback): (FmaScores, FmaSums, _) = if self == Products::Avx2Fma {
+            let avx2 = (
+                super::x86_bf16_avx2::scores,
+                super::x86_bf16_avx2::weighted_sum,
+            );
+            (avx2.0, avx2.1, Products::Portable)
+        } else {
+            let avx512 = (
+                super::x86_bf16::fma_scores,
+                super::x86_bf16::fma_weighted_sum,
+            );
+            (avx512.0, avx512.1, Self::without_fma())
+        };
+        let floor = if fallback == Products::Avx512Bf16 {
+            FMA_MIN_KEYS
+        } else {
+            0
+        };
+        (scores, sums, fallback, floor)
     }
 
     /// Where a call the FMA tiles decline runs.
@@ -320,9 +350,7 @@ impl Products {
     fn softmax_tiles(self) -> bool {
         match self {
             Products::Portable => false,
-            #[cfg(target_arch = "x86_64")]
             Products::Avx512Bf16 => true,
-            #[cfg(target_arch = "x86_64")]
             Products::Avx512Fma | Products::Avx2Fma => super::x86_bf16::available(),
         }
     }
@@ -340,7 +368,7 @@ impl Products {
         d: usize,
         head: &HeadOperands<'_>,
         (g_lo, groups): (usize, usize),
-        out: &mut [f32],
+        (out, widened): (&mut [f32], &mut Widened),
         row_max: Option<(&mut [f32], usize)>,
     ) {
         let kt = head.kt;
@@ -361,31 +389,18 @@ impl Products {
                 super::x86_bf16::scores(q, rows, d, kt, g_lo, groups, out, row_max)
             }
             #[cfg(target_arch = "x86_64")]
-            Products::Avx512Fma => {
+            Products::Avx512Fma | Products::Avx2Fma => {
+                let (tiles, _, fallback, floor) = self.fma_parts();
                 let mut row_max = row_max;
-                let worth = groups * LANES >= FMA_MIN_KEYS || !super::x86_bf16::available();
-                let ran = worth
+                let ran = groups * LANES >= floor
                     && head.fma.is_some_and(|(keys_min, _)| {
                         let again = row_max.as_mut().map(|(max, keys)| (&mut **max, *keys));
                         let keys = (kt, keys_min);
-                        super::x86_bf16::fma_scores(q, rows, d, keys, g_lo, groups, out, again)
+                        tiles(q, rows, d, keys, g_lo, groups, (out, widened), again)
                     });
                 if !ran {
-                    let products = Self::without_fma();
-                    products.scores(q, rows, d, head, (g_lo, groups), out, row_max);
-                }
-            }
-            #[cfg(target_arch = "x86_64")]
-            Products::Avx2Fma => {
-                let mut row_max = row_max;
-                let ran = head.fma.is_some_and(|(keys_min, _)| {
-                    let again = row_max.as_mut().map(|(max, keys)| (&mut **max, *keys));
-                    let keys = (kt, keys_min);
-                    super::x86_bf16_avx2::scores(q, rows, d, keys, g_lo, groups, out, again)
-                });
-                if !ran {
-                    let products = Products::Portable;
-                    products.scores(q, rows, d, head, (g_lo, groups), out, row_max);
+                    let out = (out, widened);
+                    fallback.scores(q, rows, d, head, (g_lo, groups), out, row_max);
                 }
             }
         }
@@ -405,8 +420,8 @@ impl Products {
         head: &HeadOperands<'_>,
         (pair_lo, pairs): (usize, usize),
         d: usize,
-        out: &mut [f32],
-        out_stride: usize,
+        (out, out_stride): (&mut [f32], usize),
+        widened: &mut Widened,
     ) {
         let v = &head.v[pair_lo * d..];
         match self {
@@ -415,35 +430,52 @@ impl Products {
                 super::x86_bf16::weighted_sum(p, rows, p_row, v, pairs, d, out, out_stride)
             }
             #[cfg(target_arch = "x86_64")]
-            Products::Avx512Fma => {
-                let worth = 2 * pairs >= FMA_MIN_KEYS || !super::x86_bf16::available();
-                let ran = worth
+            Products::Avx512Fma | Products::Avx2Fma => {
+                let (_, tiles, fallback, floor) = self.fma_parts();
+                let ran = 2 * pairs >= floor
                     && head.fma.is_some_and(|(_, values_min)| {
                         let values = (v, values_min);
-                        super::x86_bf16::fma_weighted_sum(
-                            p, rows, p_row, values, pairs, d, out, out_stride,
-                        )
+                        tiles(p, rows, p_row, values, pairs, d, (out, out_stride), widened)
                     });
                 if !ran {
-                    let products = Self::without_fma();
-                    let range = (pair_lo, pairs);
-                    products.weighted_sum(p, rows, p_row, head, range, d, out, out_stride);
-                }
-            }
-            #[cfg(target_arch = "x86_64")]
-            Products::Avx2Fma => {
-                let ran = head.fma.is_some_and(|(_, values_min)| {
-                    let values = (v, values_min);
-                    super::x86_bf16_avx2::weighted_sum(
-                        p, rows, p_row, values, pairs, d, out, out_stride,
-                    )
-                });
-                if !ran {
-                    weighted_sum_portable(p, rows, p_row, v, pairs, d, out, out_stride);
+                    let (range, out) = ((pair_lo, pairs), (out, out_stride));
+                    fallback.weighted_sum(p, rows, p_row, head, range, d, out, widened);
                 }
             }
             _ => weighted_sum_portable(p, rows, p_row, v, pairs, d, out, out_stride),
         }
+    }
+}
+
+/// 16 f32s in one cache line: the FMA tiles' widened operands (a load that splits a line
+/// halves their speed).
+#[derive(Debug, Clone, Copy, Default)]
+#[repr(C, align(64))]
+pub(crate) struct Line(pub(crate) [f32; LANES]);
+
+/// What the FMA tiles widen to f32 in a call, kept from call to call so that no call
+/// allocates: the queries, and a block of keys or a chunk of values in cache lines.
+#[derive(Debug, Default)]
+pub(crate) struct Widened {
+    pub(crate) queries: Vec<f32>,
+    pub(crate) lines: Vec<Line>,
+}
+
+impl Widened {
+    /// The queries of `q` (packed pairs) widened, each pair's odd element first (the order
+    /// of the sums), and `lines` lines (their old contents: the tiles write them before
+    /// they read them).
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn take(&mut self, q: &[u32], lines: usize) -> (&[f32], &mut [Line]) {
+        self.queries.clear();
+        self.queries.extend(q.iter().flat_map(|&x| {
+            let (even, odd) = unpair(x);
+            [odd, even]
+        }));
+        if self.lines.len() < lines {
+            self.lines.resize(lines, Line::default());
+        }
+        (&self.queries, &mut self.lines[..lines])
     }
 }
 
@@ -480,6 +512,87 @@ pub(crate) fn random_pairs(state: &mut u64, n: usize, lo: u32, span: u32) -> Vec
     (0..n).map(|_| half() | (half() << 16)).collect()
 }
 
+/// x86's FMA score tiles (`x86_bf16::fma_scores`, `x86_bf16_avx2::scores`): the arguments
+/// of [`Products::scores`] with the keys' smallest exponent beside them; `true` if they ran.
+#[cfg(target_arch = "x86_64")]
+pub(crate) type FmaScores = for<'a> fn(
+    &[u32],
+    usize,
+    usize,
+    (&[u32], u32),
+    usize,
+    usize,
+    (&mut [f32], &mut Widened),
+    Option<(&'a mut [f32], usize)>,
+) -> bool;
+
+/// x86's FMA weighted-sum tiles (`x86_bf16::fma_weighted_sum`, `x86_bf16_avx2::weighted_sum`):
+/// the arguments of [`Products::weighted_sum`] with the values' smallest exponent beside
+/// them; `true` if they ran.
+#[cfg(target_arch = "x86_64")]
+pub(crate) type FmaSums = fn(
+    &[u16],
+    usize,
+    usize,
+    (&[u32], u32),
+    usize,
+    usize,
+    (&mut [f32], usize),
+    &mut Widened,
+) -> bool;
+
+/// `tiles` on packed keys (groups from 0), their smallest exponent found here, a scratch of
+/// its own, no row maxes (the tiles' checks and tests).
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn fma_scores_on(
+    tiles: FmaScores,
+    q: &[u32],
+    rows: usize,
+    d: usize,
+    kt: &[u32],
+    (g_lo, groups): (usize, usize),
+    out: &mut [f32],
+) -> bool {
+    let keys = (kt, min_exponent(kt));
+    tiles(
+        q,
+        rows,
+        d,
+        keys,
+        g_lo,
+        groups,
+        (out, &mut Widened::default()),
+        None,
+    )
+}
+
+/// `tiles` on packed values (from pair 0), their smallest exponent found here, a scratch of
+/// its own (the tiles' checks and tests).
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn fma_sums_on(
+    tiles: FmaSums,
+    p: &[u16],
+    rows: usize,
+    p_row: usize,
+    v: &[u32],
+    (pairs, d): (usize, usize),
+    out: (&mut [f32], usize),
+) -> bool {
+    let values = (v, min_exponent(v));
+    tiles(
+        p,
+        rows,
+        p_row,
+        values,
+        pairs,
+        d,
+        out,
+        &mut Widened::default(),
+    )
+}
+
 /// The check that x86's FMA tiles pass once per process before they are used: on operands
 /// in the normal range (5 queries, 5 groups of keys, 80 key pairs of values, d = 64) they
 /// must run and give the portable loops' bits; near underflow they must decline. `scores`
@@ -487,11 +600,7 @@ pub(crate) fn random_pairs(state: &mut u64, n: usize, lo: u32, span: u32) -> Vec
 /// the operands they are given (arguments as [`Products::scores`]' and
 /// [`Products::weighted_sum`]'s, no row maxes, values from pair 0); `true` if they ran.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::type_complexity)]
-pub(crate) fn fma_tiles_agree(
-    scores: fn(&[u32], usize, usize, &[u32], usize, usize, &mut [f32]) -> bool,
-    weighted_sum: fn(&[u16], usize, usize, &[u32], usize, usize, &mut [f32], usize) -> bool,
-) -> bool {
+pub(crate) fn fma_tiles_agree(scores: FmaScores, weighted_sum: FmaSums) -> bool {
     let (rows, d, groups) = (5, 64, 5);
     let len = groups * LANES;
     for (lo, span, clean) in [(115u32, 25u32, true), (1, 100, false)] {
@@ -507,10 +616,11 @@ pub(crate) fn fma_tiles_agree(
             .flat_map(|x| [x as u16, (x >> 16) as u16])
             .collect();
         let (mut tiles, mut portable) = (vec![0.0; rows * len], vec![0.0; rows * len]);
-        let ran = scores(&q, rows, d, &kt, 0, groups, &mut tiles);
+        let ran = fma_scores_on(scores, &q, rows, d, &kt, (0, groups), &mut tiles);
         scores_portable(&q, rows, d, &kt, 0, groups, &mut portable);
         let (mut w_tiles, mut w_portable) = (vec![0.0; rows * d], vec![0.0; rows * d]);
-        let w_ran = weighted_sum(&p, rows, len, &v, len / 2, d, &mut w_tiles, d);
+        let out = (&mut w_tiles[..], d);
+        let w_ran = fma_sums_on(weighted_sum, &p, rows, len, &v, (len / 2, d), out);
         weighted_sum_portable(&p, rows, len, &v, len / 2, d, &mut w_portable, d);
         let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         let agree = bits(&tiles) == bits(&portable) && bits(&w_tiles) == bits(&w_portable);
@@ -522,18 +632,19 @@ pub(crate) fn fma_tiles_agree(
 }
 
 /// What x86's FMA weighted sums do before their tiles (arguments as
-/// [`Products::weighted_sum`]'s, `values_min` the values' [`min_exponent`] or a smaller
-/// one): `None` to decline, with nothing written (`d` not a multiple of 16, or the weights'
+/// [`Products::weighted_sum`]'s, but the values: `values_min`, their [`min_exponent`] or a
+/// smaller one): `None` to decline, with nothing written (`d` not a multiple of 16, or the weights'
 /// and values' smallest exponents too small together); `Some(false)` when nothing is left to
-/// do (no rows; no pairs: the outputs written as zeros); `Some(true)` to run the tiles, on
-/// buffers that hold what they read and write (checked here: a panic otherwise).
+/// do (no rows; no pairs: the outputs written as zeros); `Some(true)` to run the tiles
+/// (safe code: a buffer too short panics; the tiles' callers check the sizes for their
+/// `unsafe`).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn fma_weighted_sum_start(
     p: &[u16],
     rows: usize,
     p_row: usize,
-    (v, values_min): (&[u32], u32),
+    values_min: u32,
     pairs: usize,
     d: usize,
     out: &mut [f32],
@@ -542,11 +653,6 @@ pub(crate) fn fma_weighted_sum_start(
     if !d.is_multiple_of(LANES) {
         return None;
     }
-    let lengths = (p.len(), v.len(), out.len());
-    assert!(weighted_sum_fits(
-        lengths, rows, p_row, pairs, d, out_stride
-    ));
-    // The slices are inside the sizes `weighted_sum_fits` checked.
     let weights = (0..rows)
         .map(|r| min_exponent_halves(&p[r * p_row..r * p_row + 2 * pairs]))
         .min()
@@ -1106,9 +1212,14 @@ pub(crate) mod tests {
     #[test]
     fn a_head_finds_its_smallest_exponents_once_for_fma() {
         let (kt, v) = ([0x3f80_0000u32, 0x0080_0000], [0x4000_4000u32, 0x3e80_0000]);
-        let head = Products::Avx512Fma.head(&kt, &v);
+        let head = Products::Avx2Fma.head(&kt, &v, 2);
         assert_eq!(head.fma, Some((1, 125)));
-        assert_eq!(Products::Portable.head(&kt, &v).fma, None);
+        assert_eq!(Products::Portable.head(&kt, &v, 2).fma, None);
+        // Where every call stays on `vdpbf16ps` (too few keys), nothing is scanned.
+        if super::super::x86_bf16::available() {
+            assert_eq!(Products::Avx512Fma.head(&kt, &v, 112).fma, None);
+            assert!(Products::Avx512Fma.head(&kt, &v, 113).fma.is_some());
+        }
     }
 
     /// An f32 from its bfloat16 bits.
@@ -1224,6 +1335,94 @@ pub(crate) mod tests {
         let (a_even, a_odd) = unpair(a);
         let (b_even, b_odd) = unpair(b);
         a_even.mul_add(b_even, a_odd.mul_add(b_odd, acc))
+    }
+
+    /// The FMA tiles' bound, exactly: smallest exponents ea + eb = −112 run, −113 decline,
+    /// for the scores (q against k) and for the weighted sums (weights against v): the
+    /// checks of every set of FMA tiles.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn the_tiles_run_down_to_the_bound(scores: FmaScores, sums: FmaSums) {
+        let (rows, d, groups) = (5, 32, 2);
+        let len = groups * LANES;
+        // Pairs of 1.5 · 2^(e − 127), both halves.
+        let of = |e: u32, n: usize| vec![(e << 7 | 0x40) * 0x1_0001; n];
+        for (e, runs) in [(62, true), (61, false)] {
+            let (nq, nk) = (rows * d / 2, groups * d / 2 * LANES);
+            let mut out = vec![0.0; rows * len];
+            for (q, kt) in [(of(e, nq), of(80, nk)), (of(80, nq), of(e, nk))] {
+                let ran = fma_scores_on(scores, &q, rows, d, &kt, (0, groups), &mut out);
+                assert_eq!(ran, runs, "{e}");
+            }
+            let p: Vec<u16> = of(e, rows * len / 2)
+                .iter()
+                .flat_map(|&x| [x as u16, (x >> 16) as u16])
+                .collect();
+            let v = of(80, len / 2 * d);
+            let mut out = vec![0.0; rows * d];
+            let ran = fma_sums_on(sums, &p, rows, len, &v, (len / 2, d), (&mut out, d));
+            assert_eq!(ran, runs, "{e}");
+        }
+    }
+
+    /// At the bound the tiles give the definition's bits where a sum cancels down to the
+    /// products' lowest bit (2⁻¹²⁶, normal); one step below, that sum is a subnormal FMA
+    /// keeps and the definition flushes (so the bound matters), and the tiles decline.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn a_cancelling_sum_keeps_the_definitions_bits(scores: FmaScores, sums: FmaSums) {
+        let (rows, d, groups, pairs) = (5, 16, 2, 16);
+        for (e_a, e_b, runs) in [(62, 80, true), (80, 62, true), (61, 80, false)] {
+            let (a, b) = cancelling_pairs(e_a, e_b);
+            let want = if runs { f32::MIN_POSITIVE } else { 0.0 };
+            assert_eq!(dot_pair(0.0, a, b), want);
+            if !runs {
+                assert_eq!(fma_pair(0.0, a, b), f32::MIN_POSITIVE / 2.0);
+            }
+            // Scores: one pair of channels at the start of each query, zeros after.
+            let mut q = vec![0u32; rows * d / 2];
+            let mut kt = vec![0u32; groups * d / 2 * LANES];
+            for r in 0..rows {
+                q[r * d / 2] = a;
+            }
+            for g in 0..groups {
+                for i in 0..LANES {
+                    kt[g * d / 2 * LANES + i] = b;
+                }
+            }
+            let (mut tiles, mut portable) = (
+                vec![9.0; rows * groups * LANES],
+                vec![7.0; rows * groups * LANES],
+            );
+            let ran = fma_scores_on(scores, &q, rows, d, &kt, (0, groups), &mut tiles);
+            scores_portable(&q, rows, d, &kt, 0, groups, &mut portable);
+            assert_eq!(ran, runs, "{e_a} + {e_b}");
+            assert!(portable.iter().all(|x| x.to_bits() == want.to_bits()));
+            if runs {
+                assert!(tiles.iter().all(|x| x.to_bits() == want.to_bits()));
+            } else {
+                assert!(tiles.iter().all(|&x| x == 9.0));
+            }
+            // Weighted sums: each row's first pair of weights against values whose first
+            // pair of keys cancels, the other pairs zero.
+            let (w, v) = (a, b);
+            let mut p = vec![0u16; rows * 2 * pairs];
+            for r in 0..rows {
+                p[r * 2 * pairs] = w as u16;
+                p[r * 2 * pairs + 1] = (w >> 16) as u16;
+            }
+            let mut vp = vec![0u32; pairs * d];
+            vp[..d].fill(v);
+            let (mut tiles, mut portable) = (vec![9.0; rows * d], vec![7.0; rows * d]);
+            let out = (&mut tiles[..], d);
+            let ran = fma_sums_on(sums, &p, rows, 2 * pairs, &vp, (pairs, d), out);
+            weighted_sum_portable(&p, rows, 2 * pairs, &vp, pairs, d, &mut portable, d);
+            assert_eq!(ran, runs, "{e_a} + {e_b}");
+            assert!(portable.iter().all(|x| x.to_bits() == want.to_bits()));
+            if runs {
+                assert!(tiles.iter().all(|x| x.to_bits() == want.to_bits()));
+            } else {
+                assert!(tiles.iter().all(|&x| x == 9.0));
+            }
+        }
     }
 
     /// `n` values in `[−spread/2, spread/2)` from a xorshift of `seed` (the attention tests'
@@ -1377,8 +1576,9 @@ pub(crate) mod tests {
             let groups = len.div_ceil(16);
             let mut s = vec![f32::NAN; 3 * groups * 16];
             let mut maxes = [f32::NEG_INFINITY; 3];
-            let head = Products::Portable.head(&kt, &vp);
-            Products::Portable.scores(&qp, 3, d, &head, (0, groups), &mut s, Some((&mut maxes, len)));
+            let head = Products::Portable.head(&kt, &vp, len);
+            let out = (&mut s[..], &mut Widened::default());
+            Products::Portable.scores(&qp, 3, d, &head, (0, groups), out, Some((&mut maxes, len)));
             let bf = |x: f32| widen(to_bf16(x));
             for r in 0..3 {
                 for j in 0..groups * 16 {

@@ -25,7 +25,7 @@
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
-use super::bf16::{FMA_MIN_EXPONENTS, LANES, min_exponent, scores_fit, weighted_sum_fits};
+use super::bf16::{FMA_MIN_EXPONENTS, LANES, Widened, min_exponent, scores_fit, weighted_sum_fits};
 
 /// Query rows per tile of scores and of weighted sums.
 const MR: usize = 4;
@@ -159,21 +159,20 @@ pub(crate) fn scores(
         g_lo,
         groups
     ));
-    // SAFETY: the CPU has AVX-512F and BF16 (checked above). For rows r0..r0 + n (≤ rows):
-    // tile (r, g0) reads q[(r0 + r..r0 + r + mr) · half..][..half], groups g_lo + g0..g_lo +
-    // g0 + nv of kt (≤ g_lo + groups, each half·16 values), writes out[r0 + r..][16·g0..16·(g0
-    // + nv)] in rows of `groups · 16` (r + mr ≤ n, g0 + nv ≤ groups): inside the sizes
-    // `scores_fit` checked above, without overflow; `lanes` is null or 16 f32s a row of the n.
-    by_row_lanes(rows, row_max, |r0, n, lanes| unsafe {
-        scores_tiles(
-            q.as_ptr().add(r0 * half),
-            n,
-            half,
-            kt.as_ptr(),
-            (g_lo, groups),
-            out.as_mut_ptr().add(r0 * groups * LANES),
-            lanes,
-        )
+    by_row_lanes(rows, row_max, |r0, n, lanes| {
+        // SAFETY: AVX-512F and BF16 (checked above); q's and out's rows r0..r0 + n ≤ rows and
+        // kt's groups g_lo..g_lo + groups (`scores_fit`); `lanes` null or 16 f32s a row.
+        unsafe {
+            scores_tiles(
+                q.as_ptr().add(r0 * half),
+                n,
+                half,
+                kt.as_ptr(),
+                (g_lo, groups),
+                out.as_mut_ptr().add(r0 * groups * LANES),
+                lanes,
+            )
+        }
     });
 }
 
@@ -181,7 +180,7 @@ pub(crate) fn scores(
 /// with a null `lanes`; with it, on blocks of [`ROW_LANES`] rows, each with 16 lanes of maxes
 /// a row (at −∞) that then fold into `max[r0..r0 + n]` (a max needs no order, and no
 /// reduction across lanes runs in every tile).
-fn by_row_lanes(
+pub(super) fn by_row_lanes(
     rows: usize,
     row_max: Option<(&mut [f32], usize)>,
     mut tiles: impl FnMut(usize, usize, (*mut f32, usize)),
@@ -618,9 +617,10 @@ unsafe fn sum_tile<const R: usize, const N: usize>(
 /// Whether this is an Intel CPU (CPUID's vendor string), where [`super::bf16::Products::detect`] prefers
 /// FMA to `vdpbf16ps`.
 pub(crate) fn intel() -> bool {
-    // SAFETY: CPUID leaf 0 exists on every x86-64 CPU. (`__cpuid` is a safe function in the
-    // Rust that builds here, an unsafe one in older releases: hence the allowance.)
+    // (`__cpuid` is a safe function in the Rust that builds here, an unsafe one in older
+    // releases: hence the allowance.)
     #[allow(unused_unsafe)]
+    // SAFETY: CPUID leaf 0 exists on every x86-64 CPU.
     let id = unsafe { std::arch::x86_64::__cpuid(0) };
     (id.ebx, id.edx, id.ecx) == (0x756e_6547, 0x4965_6e69, 0x6c65_746e)
 }
@@ -639,54 +639,7 @@ pub(crate) fn fma_available() -> bool {
 }
 
 fn fma_agrees_with_portable() -> bool {
-    super::bf16::fma_tiles_agree(
-        |q, rows, d, kt, g_lo, groups, out| {
-            fma_scores_packed(q, rows, d, kt, g_lo, groups, out, None)
-        },
-        fma_weighted_sum_packed,
-    )
-}
-
-/// [`fma_scores`] with the keys' smallest exponent found here (the check above and the
-/// tests).
-#[allow(clippy::too_many_arguments)]
-fn fma_scores_packed(
-    q: &[u32],
-    rows: usize,
-    d: usize,
-    kt: &[u32],
-    g_lo: usize,
-    groups: usize,
-    out: &mut [f32],
-    row_max: Option<(&mut [f32], usize)>,
-) -> bool {
-    fma_scores(
-        q,
-        rows,
-        d,
-        (kt, min_exponent(kt)),
-        g_lo,
-        groups,
-        out,
-        row_max,
-    )
-}
-
-/// [`fma_weighted_sum`] with the values' smallest exponent found here (the check above and
-/// the tests).
-#[allow(clippy::too_many_arguments)]
-fn fma_weighted_sum_packed(
-    p: &[u16],
-    rows: usize,
-    p_row: usize,
-    v: &[u32],
-    pairs: usize,
-    d: usize,
-    out: &mut [f32],
-    out_stride: usize,
-) -> bool {
-    let values = (v, min_exponent(v));
-    fma_weighted_sum(p, rows, p_row, values, pairs, d, out, out_stride)
+    super::bf16::fma_tiles_agree(fma_scores, fma_weighted_sum)
 }
 
 /// [`scores`] with FMA, where the operands allow it (see above): `false`, with nothing
@@ -701,7 +654,7 @@ pub(crate) fn fma_scores(
     (kt, keys_min): (&[u32], u32),
     g_lo: usize,
     groups: usize,
-    out: &mut [f32],
+    (out, widened): (&mut [f32], &mut Widened),
     row_max: Option<(&mut [f32], usize)>,
 ) -> bool {
     assert!(
@@ -724,45 +677,26 @@ pub(crate) fn fma_scores(
     if min_exponent(q) + keys_min < FMA_MIN_EXPONENTS {
         return false;
     }
-    // The queries widened once, each pair's odd element first (the order of the sums).
-    let qf: Vec<f32> = q.iter().flat_map(|&x| [odd(x), even(x)]).collect();
-    // A block of up to NV groups of keys widened, pair by pair: 16 odd elements, then 16
-    // even (in cache lines: a load that splits a line halves the tiles' speed).
-    let mut kf = vec![Line([0.0; LANES]); NV.min(groups) * half * 2];
-    // SAFETY: the CPU has AVX-512F (checked above). For rows r0..r0 + n (≤ rows): the tiles
-    // read qf's rows r0..r0 + n (d values each), kt's `groups` groups (`kt` is exactly those)
-    // into kf (min(groups, NV) groups of 2 · half lines), and write out[r0..r0 + n] in rows of
-    // `groups · 16` (`scores_fit` checked above); `lanes` is null or 16 f32s a row of the n.
-    by_row_lanes(rows, row_max, |r0, n, lanes| unsafe {
-        fma_scores_tiles(
-            qf.as_ptr().add(r0 * d),
-            n,
-            half,
-            kt.as_ptr(),
-            groups,
-            kf.as_mut_ptr().cast(),
-            out.as_mut_ptr().add(r0 * groups * LANES),
-            lanes,
-        )
+    // The queries widened (rows of d), and lines for a block of up to NV groups of keys
+    // widened pair by pair: 16 odd elements, then 16 even.
+    let (qf, kf) = widened.take(q, NV.min(groups) * half * 2);
+    by_row_lanes(rows, row_max, |r0, n, lanes| {
+        // SAFETY: AVX-512F (checked above); qf's rows r0..r0 + n < rows, kt's `groups` groups
+        // into kf (NV.min(groups) · 2 · half lines), out's rows r0..r0 + n (`scores_fit`).
+        unsafe {
+            fma_scores_tiles(
+                qf.as_ptr().add(r0 * d),
+                n,
+                half,
+                kt.as_ptr(),
+                groups,
+                kf.as_mut_ptr().cast(),
+                out.as_mut_ptr().add(r0 * groups * LANES),
+                lanes,
+            )
+        }
     });
     true
-}
-
-/// 16 f32s in one cache line.
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([f32; LANES]);
-
-/// The even (low) element of a packed pair, as f32.
-#[inline(always)]
-fn even(x: u32) -> f32 {
-    f32::from_bits(x << 16)
-}
-
-/// The odd (high) element of a packed pair, as f32.
-#[inline(always)]
-fn odd(x: u32) -> f32 {
-    f32::from_bits(x & 0xffff_0000)
 }
 
 #[target_feature(enable = "avx512f")]
@@ -873,43 +807,27 @@ pub(crate) fn fma_weighted_sum(
     (v, values_min): (&[u32], u32),
     pairs: usize,
     d: usize,
-    out: &mut [f32],
-    out_stride: usize,
+    (out, out_stride): (&mut [f32], usize),
+    widened: &mut Widened,
 ) -> bool {
     assert!(
         has_fma_instructions(),
         "AVX-512 tiles on a CPU without them"
     );
-    match super::bf16::fma_weighted_sum_start(
-        p,
-        rows,
-        p_row,
-        (v, values_min),
-        pairs,
-        d,
-        out,
-        out_stride,
-    ) {
+    let lengths = (p.len(), v.len(), out.len());
+    assert!(weighted_sum_fits(
+        lengths, rows, p_row, pairs, d, out_stride
+    ));
+    match super::bf16::fma_weighted_sum_start(p, rows, p_row, values_min, pairs, d, out, out_stride)
+    {
         Some(true) => {}
         Some(false) => return true,
         None => return false,
     }
-    // Checked there too; here again, next to the `unsafe` that relies on it.
-    assert!(weighted_sum_fits(
-        (p.len(), v.len(), out.len()),
-        rows,
-        p_row,
-        pairs,
-        d,
-        out_stride
-    ));
-    // The chunk's values widened, in cache lines (d is a multiple of 16).
-    let mut vf = vec![Line([0.0; LANES]); PAIR_CHUNK.min(pairs) * 2 * d / LANES];
-    // SAFETY: the CPU has AVX-512F (checked above). Chunk j0, tile (r, c0) reads
-    // p[(r..r + mr) · p_row + 2·j0..][..2·kn] (j0 + kn ≤ pairs), v[(j0..j0 + kn) · d..][..kn ·
-    // d] into vf (min(pairs, PAIR_CHUNK) · 2d f32s, kn ≤ both), and reads and writes
-    // out[(r..r + mr) · out_stride + c0..][..w] (c0 + w ≤ d): inside the sizes that
-    // checked above (`weighted_sum_fits`; d a multiple of 16: `fma_weighted_sum_start`).
+    // Lines for a chunk's values widened (d is a multiple of 16: whole lines).
+    let (_, vf) = widened.take(&[], PAIR_CHUNK.min(pairs) * 2 * d / LANES);
+    // SAFETY: AVX-512F (checked above); p, v and out hold what `weighted_sum_fits` says
+    // (checked above), vf PAIR_CHUNK.min(pairs) pairs of two widened rows of d.
     unsafe {
         fma_weighted_sum_tiles(
             p.as_ptr(),
@@ -1086,39 +1004,14 @@ mod tests {
         }
     }
 
-    /// The FMA tiles' bound, exactly: smallest exponents ea + eb = −112 run, −113 decline,
-    /// for the scores (q against k) and for the weighted sums (weights against v).
     #[test]
     fn the_fma_tiles_run_down_to_the_bound() {
-        if !has_fma_instructions() {
-            return;
-        }
-        let (rows, d, groups) = (MR, 32, 2);
-        let len = groups * LANES;
-        // Pairs of 1.5 · 2^(e − 127), both halves.
-        let of = |e: u32, n: usize| vec![(e << 7 | 0x40) * 0x1_0001; n];
-        for (e, runs) in [(62, true), (61, false)] {
-            let (nq, nk) = (rows * d / 2, groups * d / 2 * LANES);
-            let mut out = vec![0.0; rows * len];
-            for (q, kt) in [(of(e, nq), of(80, nk)), (of(80, nq), of(e, nk))] {
-                let ran = fma_scores_packed(&q, rows, d, &kt, 0, groups, &mut out, None);
-                assert_eq!(ran, runs, "{e}");
-            }
-            let p: Vec<u16> = of(e, rows * len / 2)
-                .iter()
-                .flat_map(|&x| [x as u16, (x >> 16) as u16])
-                .collect();
-            let v = of(80, len / 2 * d);
-            let mut out = vec![0.0; rows * d];
-            assert_eq!(
-                fma_weighted_sum_packed(&p, rows, len, &v, len / 2, d, &mut out, d),
-                runs,
-                "{e}"
+        if has_fma_instructions() {
+            super::super::bf16::tests::the_tiles_run_down_to_the_bound(
+                fma_scores,
+                fma_weighted_sum,
             );
-            let ran = fma_weighted_sum(&p, rows, len, (&v, 80), len / 2, d, &mut out, d);
-            assert_eq!(ran, runs);
         }
-        assert_eq!(min_exponent(&of(63, 1)), 63);
     }
 
     /// The softmax's edges are the values they are said to be, and NaN scores: their lanes
@@ -1164,80 +1057,13 @@ mod tests {
         }
     }
 
-    /// At the bound the tiles give the definition's bits where a sum cancels down to the
-    /// products' lowest bit (2⁻¹²⁶, normal); one step below, that sum is a subnormal FMA
-    /// keeps and the definition flushes (so the bound matters), and the tiles decline.
     #[test]
     fn at_the_bound_a_cancelling_sum_keeps_the_definitions_bits() {
-        use super::super::bf16::tests::{cancelling_pairs, fma_pair};
-        if !has_fma_instructions() {
-            return;
-        }
-        let (rows, d, groups, pairs) = (MR + 1, 16, 2, 16);
-        for (e_a, e_b, runs) in [(62, 80, true), (80, 62, true), (61, 80, false)] {
-            let (a, b) = cancelling_pairs(e_a, e_b);
-            let want = if runs { f32::MIN_POSITIVE } else { 0.0 };
-            assert_eq!(super::super::bf16::dot_pair(0.0, a, b), want);
-            if !runs {
-                assert_eq!(fma_pair(0.0, a, b), f32::MIN_POSITIVE / 2.0);
-            }
-            // Scores: one pair of channels at the start of each query, zeros after.
-            let mut q = vec![0u32; rows * d / 2];
-            let mut kt = vec![0u32; groups * d / 2 * LANES];
-            for r in 0..rows {
-                q[r * d / 2] = a;
-            }
-            for g in 0..groups {
-                for i in 0..LANES {
-                    kt[g * d / 2 * LANES + i] = b;
-                }
-            }
-            let (mut tiles, mut portable) = (
-                vec![9.0; rows * groups * LANES],
-                vec![7.0; rows * groups * LANES],
+        if has_fma_instructions() {
+            super::super::bf16::tests::a_cancelling_sum_keeps_the_definitions_bits(
+                fma_scores,
+                fma_weighted_sum,
             );
-            let scores = |q: &[u32], rows, d, kt: &[u32], g_lo, groups, out: &mut [f32]| {
-                fma_scores_packed(q, rows, d, kt, g_lo, groups, out, None)
-            };
-            let ran = scores(&q, rows, d, &kt, 0, groups, &mut tiles);
-            super::super::bf16::scores_portable(&q, rows, d, &kt, 0, groups, &mut portable);
-            assert_eq!(ran, runs, "{e_a} + {e_b}");
-            assert!(portable.iter().all(|x| x.to_bits() == want.to_bits()));
-            if runs {
-                assert!(tiles.iter().all(|x| x.to_bits() == want.to_bits()));
-            } else {
-                assert!(tiles.iter().all(|&x| x == 9.0));
-            }
-            // Weighted sums: each row's first pair of weights against values whose first
-            // pair of keys cancels, the other pairs zero.
-            let (w, v) = (a, b);
-            let mut p = vec![0u16; rows * 2 * pairs];
-            for r in 0..rows {
-                p[r * 2 * pairs] = w as u16;
-                p[r * 2 * pairs + 1] = (w >> 16) as u16;
-            }
-            let mut vp = vec![0u32; pairs * d];
-            vp[..d].fill(v);
-            let (mut tiles, mut portable) = (vec![9.0; rows * d], vec![7.0; rows * d]);
-            let sums = fma_weighted_sum_packed;
-            let ran = sums(&p, rows, 2 * pairs, &vp, pairs, d, &mut tiles, d);
-            super::super::bf16::weighted_sum_portable(
-                &p,
-                rows,
-                2 * pairs,
-                &vp,
-                pairs,
-                d,
-                &mut portable,
-                d,
-            );
-            assert_eq!(ran, runs, "{e_a} + {e_b}");
-            assert!(portable.iter().all(|x| x.to_bits() == want.to_bits()));
-            if runs {
-                assert!(tiles.iter().all(|x| x.to_bits() == want.to_bits()));
-            } else {
-                assert!(tiles.iter().all(|&x| x == 9.0));
-            }
         }
     }
 
@@ -1264,9 +1090,8 @@ mod tests {
         let width = groups * LANES;
         let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         let (mut s, mut portable) = (vec![0.0; rows * width], vec![0.0; rows * width]);
-        assert!(fma_scores_packed(
-            &qp, rows, d, &kt, 0, groups, &mut s, None
-        ));
+        let run = bf16::fma_scores_on(fma_scores, &qp, rows, d, &kt, (0, groups), &mut s);
+        assert!(run);
         bf16::scores_portable(&qp, rows, d, &kt, 0, groups, &mut portable);
         assert_eq!(bits(&s), bits(&portable));
         let (mut p, mut inv) = (vec![0u16; rows * width], vec![0.0; rows]);
@@ -1283,9 +1108,16 @@ mod tests {
         );
         let pairs = len.div_ceil(2);
         let (mut out, mut portable) = (vec![0.0; rows * d], vec![0.0; rows * d]);
-        assert!(fma_weighted_sum_packed(
-            &p, rows, width, &vp, pairs, d, &mut out, d
-        ));
+        let run = bf16::fma_sums_on(
+            fma_weighted_sum,
+            &p,
+            rows,
+            width,
+            &vp,
+            (pairs, d),
+            (&mut out, d),
+        );
+        assert!(run);
         bf16::weighted_sum_portable(&p, rows, width, &vp, pairs, d, &mut portable, d);
         assert_eq!(bits(&out), bits(&portable));
     }
@@ -1403,7 +1235,10 @@ mod tests {
             let (mut fma, mut portable) = (vec![1.0; rows * width], vec![2.0; rows * width]);
             let mut maxes = vec![f32::NEG_INFINITY; rows];
             let keys = width - pairs % 16;
-            let ran = fma_scores_packed(&q, rows, d, &kt, g_lo, groups, &mut fma, Some((&mut maxes, keys)));
+            // One scratch for both products: reused, of another size each time.
+            let mut widened = Widened::default();
+            let (k, out) = ((&kt[..], min_exponent(&kt)), (&mut fma[..], &mut widened));
+            let ran = fma_scores(&q, rows, d, k, g_lo, groups, out, Some((&mut maxes, keys)));
             super::super::bf16::scores_portable(&q, rows, d, &kt, g_lo, groups, &mut portable);
             prop_assert_eq!(ran, !q_or_k_small);
             if ran {
@@ -1421,7 +1256,8 @@ mod tests {
             let p_row = 2 * (pairs + 3);
             let stride = d + 5;
             let (mut fma, mut portable) = (vec![1.0; rows * stride], vec![1.0; rows * stride]);
-            let ran = fma_weighted_sum_packed(&p, rows, p_row, &v, pairs, d, &mut fma, stride);
+            let (values, out) = ((&v[..], min_exponent(&v)), (&mut fma[..], stride));
+            let ran = fma_weighted_sum(&p, rows, p_row, values, pairs, d, out, &mut widened);
             super::super::bf16::weighted_sum_portable(&p, rows, p_row, &v, pairs, d, &mut portable, stride);
             prop_assert_eq!(ran, d % 16 == 0 && !w_or_v_small);
             if ran {

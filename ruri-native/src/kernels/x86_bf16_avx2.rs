@@ -13,7 +13,7 @@
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
-use super::bf16::{FMA_MIN_EXPONENTS, LANES, min_exponent, scores_fit, weighted_sum_fits};
+use super::bf16::{FMA_MIN_EXPONENTS, LANES, Widened, min_exponent, scores_fit, weighted_sum_fits};
 
 /// f32 lanes of a vector.
 const W: usize = 8;
@@ -35,32 +35,7 @@ fn has_instructions() -> bool {
 }
 
 fn agrees_with_portable() -> bool {
-    super::bf16::fma_tiles_agree(
-        |q, rows, d, kt, g_lo, groups, out| {
-            scores(q, rows, d, (kt, min_exponent(kt)), g_lo, groups, out, None)
-        },
-        |p, rows, p_row, v, pairs, d, out, out_stride| {
-            let values = (v, min_exponent(v));
-            weighted_sum(p, rows, p_row, values, pairs, d, out, out_stride)
-        },
-    )
-}
-
-/// 16 f32s in one cache line (widened operands: a load that splits a line is slow).
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([f32; LANES]);
-
-/// The even (low) element of a packed pair, as f32.
-#[inline(always)]
-fn even(x: u32) -> f32 {
-    f32::from_bits(x << 16)
-}
-
-/// The odd (high) element of a packed pair, as f32.
-#[inline(always)]
-fn odd(x: u32) -> f32 {
-    f32::from_bits(x & 0xffff_0000)
+    super::bf16::fma_tiles_agree(scores, weighted_sum)
 }
 
 /// [`super::bf16::Products::scores`] with FMA, where the operands allow it: `false`, with
@@ -75,7 +50,7 @@ pub(crate) fn scores(
     (kt, keys_min): (&[u32], u32),
     g_lo: usize,
     groups: usize,
-    out: &mut [f32],
+    (out, widened): (&mut [f32], &mut Widened),
     row_max: Option<(&mut [f32], usize)>,
 ) -> bool {
     assert!(has_instructions(), "AVX2 tiles on a CPU without them");
@@ -95,51 +70,37 @@ pub(crate) fn scores(
     if min_exponent(q) + keys_min < FMA_MIN_EXPONENTS {
         return false;
     }
-    if let Some((max, _)) = &row_max {
-        assert!(max.len() >= rows);
-    }
-    let qf: Vec<f32> = q.iter().flat_map(|&x| [odd(x), even(x)]).collect();
-    // One group of keys widened at a time, pair by pair: 16 odd elements, then 16 even.
-    let mut kf = vec![Line([0.0; LANES]); 2 * half];
-    // Each row's maxes lane by lane (key j of the row in lane j mod 16), folded at the end.
-    let mut lanes = vec![[f32::NEG_INFINITY; LANES]; if row_max.is_some() { rows } else { 0 }];
-    let keys = row_max.as_ref().map_or(0, |(_, keys)| *keys);
-    for g in 0..groups {
-        // SAFETY: the CPU has AVX2 and FMA (checked above). The group's `half` pairs of 16
-        // keys (kt holds `groups` groups, checked above) into kf (2 · half lines); rows
-        // r..r + mr of qf (d values each), of out (rows of `groups · 16`, checked above) and
-        // of lanes (16 f32s a row, `rows` rows when used).
-        unsafe {
-            widen_group(kt.as_ptr().add(g * group), half, kf.as_mut_ptr().cast());
+    // The queries widened (rows of d), and lines for one group of keys widened at a time,
+    // pair by pair: 16 odd elements, then 16 even.
+    let (qf, kf) = widened.take(q, 2 * half);
+    let width = groups * LANES;
+    super::x86_bf16::by_row_lanes(rows, row_max, |r0, n, (max, keys)| {
+        for g in 0..groups {
             let valid = keys.saturating_sub(g * LANES).min(LANES);
-            let mut r = 0;
-            while r < rows {
-                let mr = if rows - r >= MR { MR } else { 1 };
-                let (qt, o) = (
-                    qf.as_ptr().add(r * d),
-                    out.as_mut_ptr().add(r * groups * LANES),
-                );
-                let m = if lanes.is_empty() {
-                    std::ptr::null_mut()
-                } else {
-                    lanes.as_mut_ptr().add(r).cast::<f32>()
-                };
-                let k = kf.as_ptr().cast();
-                let width = groups * LANES;
-                if mr == MR {
-                    score_tile::<MR>(qt, half, k, o.add(g * LANES), width, (m, valid));
-                } else {
-                    score_tile::<1>(qt, half, k, o.add(g * LANES), width, (m, valid));
+            // SAFETY: AVX2 and FMA (checked above); group g < groups of kt into kf (2 · half
+            // lines); rows r0..r0 + n of qf and out (`scores_fit`), of `max` when not null.
+            unsafe {
+                widen_group(kt.as_ptr().add(g * group), half, kf.as_mut_ptr().cast());
+                let mut r = r0;
+                while r < r0 + n {
+                    let mr = if r0 + n - r >= MR { MR } else { 1 };
+                    let (q, o) = (qf.as_ptr().add(r * d), out.as_mut_ptr().add(r * width));
+                    let m = if max.is_null() {
+                        max
+                    } else {
+                        max.add((r - r0) * LANES)
+                    };
+                    let (k, o) = (kf.as_ptr().cast(), o.add(g * LANES));
+                    if mr == MR {
+                        score_tile::<MR>(q, half, k, o, width, (m, valid));
+                    } else {
+                        score_tile::<1>(q, half, k, o, width, (m, valid));
+                    }
+                    r += mr;
                 }
-                r += mr;
             }
         }
-    }
-    if let Some((max, _)) = row_max {
-        for (m, lanes) in max.iter_mut().zip(&lanes) {
-            *m = lanes.iter().fold(*m, |m, &x| if x > m { x } else { m });
-        }
-    }
+    });
     true
 }
 
@@ -227,40 +188,27 @@ pub(crate) fn weighted_sum(
     (v, values_min): (&[u32], u32),
     pairs: usize,
     d: usize,
-    out: &mut [f32],
-    out_stride: usize,
+    (out, out_stride): (&mut [f32], usize),
+    widened: &mut Widened,
 ) -> bool {
     assert!(has_instructions(), "AVX2 tiles on a CPU without them");
-    match super::bf16::fma_weighted_sum_start(
-        p,
-        rows,
-        p_row,
-        (v, values_min),
-        pairs,
-        d,
-        out,
-        out_stride,
-    ) {
+    let lengths = (p.len(), v.len(), out.len());
+    assert!(weighted_sum_fits(
+        lengths, rows, p_row, pairs, d, out_stride
+    ));
+    match super::bf16::fma_weighted_sum_start(p, rows, p_row, values_min, pairs, d, out, out_stride)
+    {
         Some(true) => {}
         Some(false) => return true,
         None => return false,
     }
-    // Checked there too; here again, next to the `unsafe` that relies on it.
-    assert!(weighted_sum_fits(
-        (p.len(), v.len(), out.len()),
-        rows,
-        p_row,
-        pairs,
-        d,
-        out_stride
-    ));
     // A chunk's values widened: pair j's odd row (key 2j + 1) at `2j · d`, its even row at
     // `(2j + 1) · d` (d a multiple of 16: rows in whole lines).
-    let mut vf = vec![Line([0.0; LANES]); PAIR_CHUNK.min(pairs) * 2 * d / LANES];
+    let (_, vf) = widened.take(&[], PAIR_CHUNK.min(pairs) * 2 * d / LANES);
+    let vf = vf.as_mut_ptr().cast::<f32>();
     // A tile's weights of a chunk: row i's odd weights at `2 · PAIR_CHUNK · i`, its even ones
     // PAIR_CHUNK further.
     let mut wf = [0.0f32; MR * 2 * PAIR_CHUNK];
-    let vf = vf.as_mut_ptr().cast::<f32>();
     let mut j0 = 0;
     while j0 < pairs {
         let kn = PAIR_CHUNK.min(pairs - j0);
@@ -387,113 +335,19 @@ mod tests {
         }
     }
 
-    /// The bound, exactly: smallest exponents ea + eb = −112 run, −113 decline.
     #[test]
     fn the_tiles_run_down_to_the_bound() {
-        if !has_instructions() {
-            return;
-        }
-        let (rows, d, groups) = (MR, 32, 2);
-        let len = groups * LANES;
-        let of = |e: u32, n: usize| vec![(e << 7 | 0x40) * 0x1_0001; n];
-        for (e, runs) in [(62, true), (61, false)] {
-            let (nq, nk) = (rows * d / 2, groups * d / 2 * LANES);
-            let mut out = vec![0.0; rows * len];
-            for (q, kt) in [(of(e, nq), of(80, nk)), (of(80, nq), of(e, nk))] {
-                let keys = (&kt[..], min_exponent(&kt));
-                assert_eq!(
-                    scores(&q, rows, d, keys, 0, groups, &mut out, None),
-                    runs,
-                    "{e}"
-                );
-            }
-            let p: Vec<u16> = of(e, rows * len / 2)
-                .iter()
-                .flat_map(|&x| [x as u16, (x >> 16) as u16])
-                .collect();
-            let v = of(80, len / 2 * d);
-            let mut out = vec![0.0; rows * d];
-            let ran = weighted_sum(&p, rows, len, (&v, 80), len / 2, d, &mut out, d);
-            assert_eq!(ran, runs, "{e}");
+        if has_instructions() {
+            let bf16 = super::super::bf16::tests::the_tiles_run_down_to_the_bound;
+            bf16(scores, weighted_sum);
         }
     }
 
-    /// At the bound the tiles give the definition's bits where a sum cancels down to the
-    /// products' lowest bit (2⁻¹²⁶, normal); one step below, that sum is a subnormal FMA
-    /// keeps and the definition flushes (so the bound matters), and the tiles decline.
     #[test]
     fn at_the_bound_a_cancelling_sum_keeps_the_definitions_bits() {
-        use super::super::bf16::tests::{cancelling_pairs, fma_pair};
-        if !has_instructions() {
-            return;
-        }
-        let (rows, d, groups, pairs) = (MR + 1, 16, 2, 16);
-        for (e_a, e_b, runs) in [(62, 80, true), (80, 62, true), (61, 80, false)] {
-            let (a, b) = cancelling_pairs(e_a, e_b);
-            let want = if runs { f32::MIN_POSITIVE } else { 0.0 };
-            assert_eq!(super::super::bf16::dot_pair(0.0, a, b), want);
-            if !runs {
-                assert_eq!(fma_pair(0.0, a, b), f32::MIN_POSITIVE / 2.0);
-            }
-            // Scores: one pair of channels at the start of each query, zeros after.
-            let mut q = vec![0u32; rows * d / 2];
-            let mut kt = vec![0u32; groups * d / 2 * LANES];
-            for r in 0..rows {
-                q[r * d / 2] = a;
-            }
-            for g in 0..groups {
-                for i in 0..LANES {
-                    kt[g * d / 2 * LANES + i] = b;
-                }
-            }
-            let (mut tiles, mut portable) = (
-                vec![9.0; rows * groups * LANES],
-                vec![7.0; rows * groups * LANES],
-            );
-            let scores = |q: &[u32], rows, d, kt: &[u32], g_lo, groups, out: &mut [f32]| {
-                scores(q, rows, d, (kt, min_exponent(kt)), g_lo, groups, out, None)
-            };
-            let ran = scores(&q, rows, d, &kt, 0, groups, &mut tiles);
-            super::super::bf16::scores_portable(&q, rows, d, &kt, 0, groups, &mut portable);
-            assert_eq!(ran, runs, "{e_a} + {e_b}");
-            assert!(portable.iter().all(|x| x.to_bits() == want.to_bits()));
-            if runs {
-                assert!(tiles.iter().all(|x| x.to_bits() == want.to_bits()));
-            } else {
-                assert!(tiles.iter().all(|&x| x == 9.0));
-            }
-            // Weighted sums: each row's first pair of weights against values whose first
-            // pair of keys cancels, the other pairs zero.
-            let (w, v) = (a, b);
-            let mut p = vec![0u16; rows * 2 * pairs];
-            for r in 0..rows {
-                p[r * 2 * pairs] = w as u16;
-                p[r * 2 * pairs + 1] = (w >> 16) as u16;
-            }
-            let mut vp = vec![0u32; pairs * d];
-            vp[..d].fill(v);
-            let (mut tiles, mut portable) = (vec![9.0; rows * d], vec![7.0; rows * d]);
-            let sums = |p: &[u16], rows, p_row, v: &[u32], pairs, d, out: &mut [f32], stride| {
-                weighted_sum(p, rows, p_row, (v, min_exponent(v)), pairs, d, out, stride)
-            };
-            let ran = sums(&p, rows, 2 * pairs, &vp, pairs, d, &mut tiles, d);
-            super::super::bf16::weighted_sum_portable(
-                &p,
-                rows,
-                2 * pairs,
-                &vp,
-                pairs,
-                d,
-                &mut portable,
-                d,
-            );
-            assert_eq!(ran, runs, "{e_a} + {e_b}");
-            assert!(portable.iter().all(|x| x.to_bits() == want.to_bits()));
-            if runs {
-                assert!(tiles.iter().all(|x| x.to_bits() == want.to_bits()));
-            } else {
-                assert!(tiles.iter().all(|&x| x == 9.0));
-            }
+        if has_instructions() {
+            let bf16 = super::super::bf16::tests::a_cancelling_sum_keeps_the_definitions_bits;
+            bf16(scores, weighted_sum);
         }
     }
 
@@ -536,7 +390,10 @@ mod tests {
             let mut maxes = vec![f32::NEG_INFINITY; rows];
             let keys = width - pairs % 16;
             let k = (&kt[..], min_exponent(&kt));
-            let ran = scores(&q, rows, d, k, g_lo, groups, &mut fma, Some((&mut maxes, keys)));
+            // One scratch for both products: reused, of another size each time.
+            let mut widened = Widened::default();
+            let out = (&mut fma[..], &mut widened);
+            let ran = scores(&q, rows, d, k, g_lo, groups, out, Some((&mut maxes, keys)));
             super::super::bf16::scores_portable(&q, rows, d, &kt, g_lo, groups, &mut portable);
             prop_assert_eq!(ran, !underflow);
             if ran {
@@ -555,7 +412,8 @@ mod tests {
             let stride = d + 5;
             let (mut fma, mut portable) = (vec![1.0; rows * stride], vec![1.0; rows * stride]);
             let values = (&v[..], min_exponent(&v));
-            let ran = weighted_sum(&p, rows, p_row, values, pairs, d, &mut fma, stride);
+            let out = (&mut fma[..], stride);
+            let ran = weighted_sum(&p, rows, p_row, values, pairs, d, out, &mut widened);
             super::super::bf16::weighted_sum_portable(&p, rows, p_row, &v, pairs, d, &mut portable, stride);
             prop_assert_eq!(ran, d % 16 == 0 && !(underflow && pairs > 0));
             if ran {
