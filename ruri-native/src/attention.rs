@@ -16,6 +16,7 @@
 //! With [`crate::AttentionPrecision::Bf16`] every text takes the same blocks with the
 //! arithmetic of `crate::kernels::bf16` instead ([`attend_bf16`]).
 
+use crate::kernels::aligned::Aligned;
 use crate::kernels::bf16;
 use crate::kernels::simd_f32;
 
@@ -39,13 +40,13 @@ pub(crate) struct Head<'a> {
 /// Buffers of [`attend_head`] and its caller, kept between heads and layers.
 #[derive(Debug, Default)]
 pub(crate) struct AttentionScratch {
-    kt: Vec<f32>,
-    v: Vec<f32>,
-    scores: Vec<f32>,
+    kt: Aligned<f32>,
+    v: Aligned<f32>,
+    scores: Aligned<f32>,
     /// bf16 attention's packed keys, values and queries, its softmax weights, and each
     /// row's `1 / total` (`kernels::bf16`).
-    kt16: Vec<u32>,
-    v16: Vec<u32>,
+    kt16: Aligned<u32>,
+    v16: Aligned<u32>,
     /// The FMA tiles' widened operands, kept from call to call (`kernels::bf16::Widened`).
     widened: bf16::Widened,
     q16: Vec<u32>,
@@ -177,13 +178,11 @@ fn attend_rows(
     let v = if stride == d {
         head.v
     } else {
-        scratch.v.clear();
-        for j in 0..len {
-            scratch
-                .v
-                .extend_from_slice(&head.v[j * stride..j * stride + d]);
+        scratch.v.resize(len * d, 0.0);
+        for (j, row) in scratch.v.chunks_exact_mut(d.max(1)).enumerate() {
+            row.copy_from_slice(&head.v[j * stride..j * stride + d]);
         }
-        &scratch.v
+        &scratch.v[..]
     };
     for_each_block(positions, window, |b| {
         let (first, rows, lo, hi, width) = (b.first, b.rows, b.lo, b.hi, b.width);

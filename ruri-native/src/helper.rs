@@ -25,6 +25,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::kernels::aligned::Aligned;
+
 /// How long the helper spins for the next job before it parks.
 const SPIN: Duration = Duration::from_micros(200);
 /// After another call was seen running, jobs stay on their callers for this long: two
@@ -37,7 +39,7 @@ pub(crate) struct Helper {
     shared: Arc<Shared>,
     thread: Option<std::thread::JoinHandle<()>>,
     /// The helper thread's scratch (its worker index is 1), for the one caller at a time.
-    pub(crate) scratch: Mutex<Vec<u8>>,
+    pub(crate) scratch: Mutex<Aligned<u8>>,
 }
 
 impl std::fmt::Debug for Helper {
@@ -242,7 +244,7 @@ impl Helper {
         Ok(Self {
             shared,
             thread: Some(thread),
-            scratch: Mutex::new(Vec::new()),
+            scratch: Mutex::new(Aligned::default()),
         })
     }
 

@@ -203,7 +203,7 @@ pub mod bench {
         weights: PackedWeights,
         a: QuantRows,
         c: Vec<i32>,
-        scratch: Vec<u8>,
+        scratch: crate::kernels::aligned::Aligned<u8>,
     }
 
     impl Gemm {
@@ -226,7 +226,7 @@ pub mod bench {
                 weights,
                 a,
                 c,
-                scratch: Vec::new(),
+                scratch: Default::default(),
             }
         }
 
@@ -239,7 +239,7 @@ pub mod bench {
 
     /// An `n × k` fp32 weight matrix packed as the fp32 linears hold it, and `m` rows for it.
     pub struct Fp32Gemm {
-        packed: Vec<f32>,
+        packed: crate::kernels::aligned::Aligned<f32>,
         x: Vec<f32>,
         out: Vec<f32>,
         shape: (usize, usize, usize),
@@ -445,7 +445,7 @@ pub mod bench {
             rows.sums[r] = row.iter().map(|&v| i32::from(v)).sum();
         }
         let mut c = vec![0; m * weights.n_padded];
-        weights.gemm(&rows, &mut c, &mut Vec::new());
+        weights.gemm(&rows, &mut c, &mut Default::default());
         Some(
             c.chunks_exact(weights.n_padded.max(1))
                 .take(m)

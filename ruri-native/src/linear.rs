@@ -24,6 +24,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::helper::{Helper, Pieces};
+use crate::kernels::aligned::Aligned;
 use crate::kernels::{Kernel, PackedWeights, QuantRows, simd_f32};
 
 /// An input channel is an outlier when its weight column's norm is below this fraction of
@@ -64,11 +65,14 @@ pub(crate) fn helper_max_rows(kernel: Option<Kernel>) -> usize {
 const ROW_GRAIN: usize = 1;
 
 /// How a layer's weights are held.
+// A few values a model (one a layer and product): their size does not matter, and boxing
+// `Split`'s halves would only add a pointer to follow.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub(crate) enum Linear {
     Fp32 {
         /// Packed by `simd_f32::pack_fp32`.
-        w: Vec<f32>,
+        w: Aligned<f32>,
         n: usize,
         k: usize,
     },
@@ -169,7 +173,7 @@ pub(crate) fn detect_outliers(w: &[f32], n: usize, k: usize) -> Vec<usize> {
 
 /// Grows `v` to at least `len` (new values `T::default()`); what it held is not cleared:
 /// the callers overwrite what they read.
-fn grow<T: Copy + Default>(v: &mut Vec<T>, len: usize) {
+fn grow<T: Copy + Default>(v: &mut Aligned<T>, len: usize) {
     if v.len() < len {
         v.resize(len, T::default());
     }
@@ -334,9 +338,9 @@ impl Int8 {
     fn run(
         &self,
         q: &QuantRows,
-        acc: &mut Vec<i32>,
-        scratch: &mut Vec<u8>,
-        helper: Option<(&Helper, &mut Vec<i32>)>,
+        acc: &mut Aligned<i32>,
+        scratch: &mut Aligned<u8>,
+        helper: Option<(&Helper, &mut Aligned<i32>)>,
     ) {
         let (rows, np) = (q.rows(), self.packed.n_padded);
         grow(acc, rows * np);
@@ -361,7 +365,7 @@ impl Int8 {
                     helper.run(columns.len() - 1, &|i, worker| {
                         let out = pieces.take(i).expect("each piece is run once");
                         let cols = columns[i]..columns[i + 1];
-                        let run = |s: &mut Vec<u8>| self.packed.gemm_columns(q, cols, out, s);
+                        let run = |s: &mut Aligned<u8>| self.packed.gemm_columns(q, cols, out, s);
                         match worker {
                             0 => run(&mut mine.lock().unwrap_or_else(PoisonError::into_inner)),
                             _ => run(&mut helper
@@ -770,7 +774,7 @@ fn fp32_product(
     rows: usize,
     out: &mut [f32],
     accumulate: bool,
-    helper: Option<(&Helper, &mut Vec<f32>)>,
+    helper: Option<(&Helper, &mut Aligned<f32>)>,
 ) {
     const PANEL: usize = simd_f32::FP32_PANEL;
     let panels = n.div_ceil(PANEL);
@@ -835,27 +839,29 @@ fn on_rows(
 
 /// Buffers of one layer's call, kept between calls: the staged input rows and the
 /// products.
+/// Buffers of one layer's call, kept between calls: the staged input rows and the
+/// products, each from a cache line (rows of whole lines then never split a load).
 #[derive(Debug, Default)]
 pub(crate) struct LinearScratch {
     rows: usize,
     /// fp32: `rows × k` inputs and `rows × n` outputs.
-    x: Vec<f32>,
-    y: Vec<f32>,
+    x: Aligned<f32>,
+    y: Aligned<f32>,
     /// int8: the (main) product's quantized rows and integer products, a split's side
     /// product's, and `rows × outliers` f32 inputs of the outlier channels.
     main: QuantRows,
     side: QuantRows,
-    acc_main: Vec<i32>,
-    acc_side: Vec<i32>,
+    acc_main: Aligned<i32>,
+    acc_side: Aligned<i32>,
     /// The kernel's own copy of the staged rows (see `PackedWeights::gemm`).
-    kernel: Vec<u8>,
+    kernel: Aligned<u8>,
     /// A helper thread for short calls' products (int8 and fp32), and their pieces' products.
     pub(crate) helper: Option<Arc<Helper>>,
-    split: Vec<i32>,
-    split_f32: Vec<f32>,
-    outlier_x: Vec<f32>,
+    split: Aligned<i32>,
+    split_f32: Aligned<f32>,
+    outlier_x: Aligned<f32>,
     /// One input row while it is quantized, a split's gathered columns.
-    row: Vec<f32>,
+    row: Aligned<f32>,
     gather: Vec<f32>,
 }
 
@@ -865,7 +871,7 @@ pub(crate) struct MlpScratch {
     wi: LinearScratch,
     wo: LinearScratch,
     /// One row of Wi's output.
-    y: Vec<f32>,
+    y: Aligned<f32>,
 }
 
 impl MlpScratch {

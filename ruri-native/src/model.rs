@@ -11,6 +11,7 @@ use ruri_core::{Error, ModelConfig, Result};
 use crate::attention::{AttentionScratch, Head, attend_head};
 use crate::helper::Helper;
 use crate::kernels::Kernel;
+use crate::kernels::aligned::Aligned;
 use crate::kernels::simd_f32;
 use crate::linear::{
     Linear, LinearParts, LinearScratch, MlpScratch, PARALLEL_MIN_ROWS, detect_outliers,
@@ -894,8 +895,9 @@ impl Model {
     ) -> Result<()> {
         let h = self.hidden();
         let tokens = packed.ids.len();
-        // transformers: tok_embeddings → LayerNorm (dropout off).
-        let mut x = vec![0.0f32; tokens * h];
+        // transformers: tok_embeddings → LayerNorm (dropout off). From a cache line: the
+        // float steps' loads of a row then never split two (BENCHMARKS.md, eighteenth step).
+        let mut x = Aligned::<f32>::zeroed(tokens * h);
         let mut e = Vec::with_capacity(h);
         for (row, &id) in x.chunks_exact_mut(h).zip(packed.ids) {
             self.embedding(id, &mut e)?;
@@ -1041,8 +1043,9 @@ impl Model {
 
 /// Per-call buffers, sized once.
 struct Scratch {
-    qkv: Vec<f32>,
-    ctx: Vec<f32>,
+    /// From a cache line, as `x` (rows of the hidden width stay on lines).
+    qkv: Aligned<f32>,
+    ctx: Aligned<f32>,
     linear: LinearScratch,
     mlp: MlpScratch,
     attention: AttentionScratch,
@@ -1056,8 +1059,8 @@ impl Scratch {
         let mut linear = LinearScratch::default();
         linear.helper = helper.clone();
         Self {
-            qkv: vec![0.0; tokens * 3 * h],
-            ctx: vec![0.0; tokens * h],
+            qkv: Aligned::zeroed(tokens * 3 * h),
+            ctx: Aligned::zeroed(tokens * h),
             linear,
             mlp: MlpScratch::with_helper(helper),
             attention: AttentionScratch::default(),

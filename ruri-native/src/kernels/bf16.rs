@@ -29,6 +29,7 @@
 //! and an add, so every compiled copy ([`multiversion`]) gives the same bits.
 //! `tools/testdata/int8_reference.py --attention bf16` writes the same definition in NumPy.
 
+use super::aligned::Aligned;
 use super::simd_f32::multiversion;
 
 /// Keys per group of the packed keys (one AVX-512 vector of f32 scores).
@@ -161,14 +162,14 @@ multiversion! {
     /// `out[(g · d/2 + c) · 16 + i] = pair(k[16g + i][2c], k[16g + i][2c + 1])` for the
     /// `len` rows of `k` (row `j` is `d` values at `j · stride`, `d` even), 0 past the last
     /// key; `out` is resized to `⌈len / 16⌉ · d/2 · 16`.
-    fn pack_keys / pack_keys_body(k: &[f32], stride: usize, len: usize, d: usize, out: &mut Vec<u32>)
+    fn pack_keys / pack_keys_body(k: &[f32], stride: usize, len: usize, d: usize, out: &mut Aligned<u32>)
 }
 
 multiversion! {
     /// Values packed by pairs of keys, as [`Products::weighted_sum`] reads them:
     /// `out[p · d + c] = pair(v[2p][c], v[2p + 1][c])`, with a zero for the key past the
     /// last of an odd `len`; `out` is resized to `⌈len / 2⌉ · d`.
-    fn pack_values / pack_values_body(v: &[f32], stride: usize, len: usize, d: usize, out: &mut Vec<u32>)
+    fn pack_values / pack_values_body(v: &[f32], stride: usize, len: usize, d: usize, out: &mut Aligned<u32>)
 }
 
 multiversion! {
@@ -760,7 +761,7 @@ multiversion! {
 }
 
 #[inline(always)]
-fn pack_keys_body(k: &[f32], stride: usize, len: usize, d: usize, out: &mut Vec<u32>) {
+fn pack_keys_body(k: &[f32], stride: usize, len: usize, d: usize, out: &mut Aligned<u32>) {
     assert!(d.is_multiple_of(2) && super::simd_f32::holds_rows(k.len(), len, stride, d));
     let half = d / 2;
     let groups = len.div_ceil(LANES);
@@ -781,7 +782,7 @@ fn pack_keys_body(k: &[f32], stride: usize, len: usize, d: usize, out: &mut Vec<
 }
 
 #[inline(always)]
-fn pack_values_body(v: &[f32], stride: usize, len: usize, d: usize, out: &mut Vec<u32>) {
+fn pack_values_body(v: &[f32], stride: usize, len: usize, d: usize, out: &mut Aligned<u32>) {
     assert!(super::simd_f32::holds_rows(v.len(), len, stride, d));
     out.clear();
     out.resize(len.div_ceil(2) * d, 0);
@@ -1569,7 +1570,7 @@ pub(crate) mod tests {
             let k = values(seed, len * stride, 4.0);
             let q = values(seed ^ 1, 3 * stride, 4.0);
             let v = values(seed ^ 2, len * stride, 4.0);
-            let (mut qp, mut kt, mut vp) = (vec![0; 3 * d / 2], Vec::new(), Vec::new());
+            let (mut qp, mut kt, mut vp) = (vec![0; 3 * d / 2], Aligned::default(), Aligned::default());
             pack_queries(&q, stride, 3, d, &mut qp);
             pack_keys(&k, stride, len, d, &mut kt);
             pack_values(&v, stride, len, d, &mut vp);

@@ -32,6 +32,7 @@
 
 #[cfg(target_arch = "aarch64")]
 mod aarch64;
+pub(crate) mod aligned;
 pub(crate) mod bf16;
 pub(crate) mod simd_f32;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
@@ -51,6 +52,8 @@ use std::fmt;
 use std::str::FromStr;
 
 use ruri_core::{Error, Result};
+
+use aligned::Aligned;
 
 /// Rows of K are padded to a multiple of this (the VNNI kernel reads 4 bytes at a time).
 pub(crate) const K_ALIGN: usize = 4;
@@ -304,7 +307,8 @@ pub(crate) struct PackedWeights {
     pub(crate) k_padded: usize,
     /// Columns of C the kernel writes per row (n rounded up to its column block).
     pub(crate) n_padded: usize,
-    data: Vec<u8>,
+    /// From a cache line (a 512-bit load of it then never splits two).
+    data: Aligned<u8>,
     /// AMX only: `−128 · Σₖ w[col][k]` for each of the `n_padded` columns (the accumulators'
     /// start, which takes A's `+ 128` off); empty for the other kernels.
     bias: Vec<i32>,
@@ -319,7 +323,7 @@ impl PackedWeights {
         let k_padded = round_up(k, K_ALIGN);
         let (n_padded, data) = match kernel {
             Kernel::Scalar => {
-                let mut data = vec![0u8; n * k_padded];
+                let mut data = Aligned::zeroed(n * k_padded);
                 for (d, row) in data
                     .chunks_exact_mut(k_padded)
                     .zip(q.chunks_exact(k.max(1)))
@@ -383,7 +387,7 @@ impl PackedWeights {
     /// `a.rows() × n_padded` values (the padded columns get values that mean nothing).
     /// `scratch` holds what a kernel derives from `a` (AMX: its unsigned copy), kept by the
     /// caller from call to call.
-    pub(crate) fn gemm(&self, a: &QuantRows, c: &mut [i32], scratch: &mut Vec<u8>) {
+    pub(crate) fn gemm(&self, a: &QuantRows, c: &mut [i32], scratch: &mut Aligned<u8>) {
         self.gemm_columns(a, 0..self.n_padded, c, scratch)
     }
 
@@ -399,7 +403,7 @@ impl PackedWeights {
         a: &QuantRows,
         cols: std::ops::Range<usize>,
         c: &mut [i32],
-        scratch: &mut Vec<u8>,
+        scratch: &mut Aligned<u8>,
     ) {
         assert!(
             cols.start.is_multiple_of(Self::COLUMN_PIECE)
@@ -503,10 +507,10 @@ fn panels<const G: usize>(
     k_len: usize,
     fill: u8,
     map: impl Fn(i8) -> u8,
-) -> (usize, Vec<u8>) {
+) -> (usize, Aligned<u8>) {
     let n_padded = round_up(n, nb);
     let groups = k_len / G;
-    let mut data = vec![fill; n_padded * groups * G];
+    let mut data = Aligned::filled(n_padded * groups * G, fill);
     let base = |col: usize| (col / nb) * groups * nb * G + (col % nb) * G;
     scatter::<G>(q, (n, k), &mut data, base, nb * G, map);
     (n_padded, data)
@@ -583,7 +587,7 @@ mod tests {
     fn run(kernel: Kernel, a: &QuantRows, w: &[i8], n: usize, k: usize) -> Vec<i32> {
         let packed = PackedWeights::pack(kernel, w, n, k, vec![1.0; n]);
         let mut c = vec![0; a.rows() * packed.n_padded];
-        packed.gemm(a, &mut c, &mut Vec::new());
+        packed.gemm(a, &mut c, &mut Aligned::default());
         c.chunks_exact(packed.n_padded)
             .flat_map(|row| row[..n].to_vec())
             .collect()

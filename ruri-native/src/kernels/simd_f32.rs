@@ -786,11 +786,14 @@ const FP32_NC_BASE: usize = 16;
 #[cfg(not(target_arch = "aarch64"))]
 const FP32_NC_BASE: usize = 8;
 
+use super::aligned::Aligned;
+
 /// Packs `w` (`n × k`, one row per output channel) into panels of [`FP32_PANEL`] columns,
-/// each `k × FP32_PANEL` (k-major), zero-padded past `n`.
-pub(crate) fn pack_fp32(w: &[f32], n: usize, k: usize) -> Vec<f32> {
+/// each `k × FP32_PANEL` (k-major), zero-padded past `n`, from a cache line (so that every
+/// row of a panel is one: no load of the tiles splits two).
+pub(crate) fn pack_fp32(w: &[f32], n: usize, k: usize) -> Aligned<f32> {
     let panels = n.div_ceil(FP32_PANEL);
-    let mut packed = vec![0.0f32; panels * k * FP32_PANEL];
+    let mut packed = Aligned::zeroed(panels * k * FP32_PANEL);
     for (col, row) in w.chunks_exact(k).enumerate().take(n) {
         let (p, j) = (col / FP32_PANEL, col % FP32_PANEL);
         for (kk, &v) in row.iter().enumerate() {

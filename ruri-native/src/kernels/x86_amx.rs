@@ -22,6 +22,8 @@ use std::arch::asm;
 use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
 use std::sync::OnceLock;
 
+use super::aligned::Aligned;
+
 /// Rows and i32 columns of a C tile; rows of an A tile; k quads of a B tile.
 pub(super) const TILE: usize = 16;
 /// k of one step (an A tile's 64 bytes of a row).
@@ -127,7 +129,7 @@ pub(super) fn gemm(
     bias: &[i32],
     n_padded: usize,
     c: &mut [i32],
-    ua: &mut Vec<u8>,
+    ua: &mut Aligned<u8>,
 ) {
     assert!(available(), "AMX kernel on a CPU (or OS) without it");
     let k_steps = k_padded.div_ceil(K_STEP);

@@ -973,6 +973,7 @@ unsafe fn fma_sum_tile<const R: usize, const N: usize>(
 
 #[cfg(test)]
 mod tests {
+    use super::super::aligned::Aligned;
     use super::*;
     use proptest::prelude::*;
 
@@ -1082,7 +1083,11 @@ mod tests {
             values(2, len * d, 1.0),
             values(3, len * d, 1.0),
         );
-        let (mut qp, mut kt, mut vp) = (vec![0; rows * d / 2], Vec::new(), Vec::new());
+        let (mut qp, mut kt, mut vp) = (
+            vec![0; rows * d / 2],
+            Aligned::default(),
+            Aligned::default(),
+        );
         bf16::pack_queries(&q, d, rows, d, &mut qp);
         bf16::pack_keys(&k, d, len, d, &mut kt);
         bf16::pack_values(&v, d, len, d, &mut vp);
