@@ -50,7 +50,7 @@ pub(crate) struct AttentionScratch {
     /// The FMA tiles' widened operands, kept from call to call (`kernels::bf16::Widened`).
     widened: bf16::Widened,
     q16: Vec<u32>,
-    p16: Vec<u16>,
+    p16: Aligned<u16>,
     inv: [f32; QUERY_BLOCK],
 }
 

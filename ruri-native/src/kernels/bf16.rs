@@ -448,35 +448,30 @@ impl Products {
     }
 }
 
-/// 16 f32s in one cache line: the FMA tiles' widened operands (a load that splits a line
-/// halves their speed).
-#[derive(Debug, Clone, Copy, Default)]
-#[repr(C, align(64))]
-pub(crate) struct Line(pub(crate) [f32; LANES]);
-
 /// What the FMA tiles widen to f32 in a call, kept from call to call so that no call
-/// allocates: the queries, and a block of keys or a chunk of values in cache lines.
+/// allocates: the queries, and a block of keys or a chunk of values in cache lines (a load
+/// that splits a line halves the tiles' speed).
 #[derive(Debug, Default)]
 pub(crate) struct Widened {
     pub(crate) queries: Vec<f32>,
-    pub(crate) lines: Vec<Line>,
+    pub(crate) lines: Aligned<f32>,
 }
 
 impl Widened {
     /// The queries of `q` (packed pairs) widened, each pair's odd element first (the order
-    /// of the sums), and `lines` lines (their old contents: the tiles write them before
-    /// they read them).
+    /// of the sums), and `lines` lines of 16 values from a cache line (their old contents:
+    /// the tiles write them before they read them).
     #[cfg(target_arch = "x86_64")]
-    pub(crate) fn take(&mut self, q: &[u32], lines: usize) -> (&[f32], &mut [Line]) {
+    pub(crate) fn take(&mut self, q: &[u32], lines: usize) -> (&[f32], &mut [f32]) {
         self.queries.clear();
         self.queries.extend(q.iter().flat_map(|&x| {
             let (even, odd) = unpair(x);
             [odd, even]
         }));
-        if self.lines.len() < lines {
-            self.lines.resize(lines, Line::default());
+        if self.lines.len() < lines * LANES {
+            self.lines.resize(lines * LANES, 0.0);
         }
-        (&self.queries, &mut self.lines[..lines])
+        (&self.queries, &mut self.lines[..lines * LANES])
     }
 }
 

@@ -690,7 +690,7 @@ pub(crate) fn fma_scores(
                 half,
                 kt.as_ptr(),
                 groups,
-                kf.as_mut_ptr().cast(),
+                kf.as_mut_ptr(),
                 out.as_mut_ptr().add(r0 * groups * LANES),
                 lanes,
             )
@@ -836,7 +836,7 @@ pub(crate) fn fma_weighted_sum(
             v.as_ptr(),
             pairs,
             d,
-            vf.as_mut_ptr().cast(),
+            vf.as_mut_ptr(),
             out.as_mut_ptr(),
             out_stride,
         )

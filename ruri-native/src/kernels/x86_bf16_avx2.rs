@@ -80,7 +80,7 @@ pub(crate) fn scores(
             // SAFETY: AVX2 and FMA (checked above); group g < groups of kt into kf (2 · half
             // lines); rows r0..r0 + n of qf and out (`scores_fit`), of `max` when not null.
             unsafe {
-                widen_group(kt.as_ptr().add(g * group), half, kf.as_mut_ptr().cast());
+                widen_group(kt.as_ptr().add(g * group), half, kf.as_mut_ptr());
                 let mut r = r0;
                 while r < r0 + n {
                     let mr = if r0 + n - r >= MR { MR } else { 1 };
@@ -90,7 +90,7 @@ pub(crate) fn scores(
                     } else {
                         max.add((r - r0) * LANES)
                     };
-                    let (k, o) = (kf.as_ptr().cast(), o.add(g * LANES));
+                    let (k, o) = (kf.as_ptr(), o.add(g * LANES));
                     if mr == MR {
                         score_tile::<MR>(q, half, k, o, width, (m, valid));
                     } else {
@@ -205,7 +205,7 @@ pub(crate) fn weighted_sum(
     // A chunk's values widened: pair j's odd row (key 2j + 1) at `2j · d`, its even row at
     // `(2j + 1) · d` (d a multiple of 16: rows in whole lines).
     let (_, vf) = widened.take(&[], PAIR_CHUNK.min(pairs) * 2 * d / LANES);
-    let vf = vf.as_mut_ptr().cast::<f32>();
+    let vf = vf.as_mut_ptr();
     // A tile's weights of a chunk: row i's odd weights at `2 · PAIR_CHUNK · i`, its even ones
     // PAIR_CHUNK further.
     let mut wf = [0.0f32; MR * 2 * PAIR_CHUNK];
