@@ -65,8 +65,8 @@ pub(crate) fn helper_max_rows(kernel: Option<Kernel>) -> usize {
 const ROW_GRAIN: usize = 1;
 
 /// How a layer's weights are held.
-// A few values a model (one a layer and product): their size does not matter, and boxing
-// `Split`'s halves would only add a pointer to follow.
+// A model holds a few of these (one per product of a layer): their size does not matter,
+// and boxing `Split`'s halves would only add a pointer to follow.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub(crate) enum Linear {

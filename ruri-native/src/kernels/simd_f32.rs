@@ -789,8 +789,8 @@ const FP32_NC_BASE: usize = 8;
 use super::aligned::Aligned;
 
 /// Packs `w` (`n × k`, one row per output channel) into panels of [`FP32_PANEL`] columns,
-/// each `k × FP32_PANEL` (k-major), zero-padded past `n`, from a cache line (so that every
-/// row of a panel is one: no load of the tiles splits two).
+/// each `k × FP32_PANEL` (k-major), zero-padded past `n`, from a cache line (so every row
+/// of a panel, 256 bytes, starts one: no load of the tiles splits two).
 pub(crate) fn pack_fp32(w: &[f32], n: usize, k: usize) -> Aligned<f32> {
     let panels = n.div_ceil(FP32_PANEL);
     let mut packed = Aligned::zeroed(panels * k * FP32_PANEL);
