@@ -23,6 +23,10 @@ use crate::kernels::simd_f32;
 /// Queries whose scores are computed together: each chunk of keys is loaded once for all,
 /// and a block's scores (`QUERY_BLOCK × keys in its windows`) stay in L2 on long texts.
 pub(crate) const QUERY_BLOCK: usize = 16;
+/// Queries of a block of bf16 attention on FMA tiles over a whole text (every query sees
+/// every key): each block widens its keys and values to f32 once for all its queries, and
+/// twice [`QUERY_BLOCK`] halves that work per query (BENCHMARKS.md, eighteenth step).
+const WIDE_BLOCK: usize = 2 * QUERY_BLOCK;
 /// Scores are computed in groups of this many keys (one AVX-512 vector).
 const KEY_GRAIN: usize = simd_f32::KEY_GROUP;
 
@@ -51,7 +55,7 @@ pub(crate) struct AttentionScratch {
     widened: bf16::Widened,
     q16: Vec<u32>,
     p16: Aligned<u16>,
-    inv: [f32; QUERY_BLOCK],
+    inv: [f32; WIDE_BLOCK],
 }
 
 /// Texts of at most this many positions, all within the window of each other, take
@@ -184,7 +188,7 @@ fn attend_rows(
         }
         &scratch.v[..]
     };
-    for_each_block(positions, window, |b| {
+    for_each_block(positions, window, QUERY_BLOCK, |b| {
         let (first, rows, lo, hi, width) = (b.first, b.rows, b.lo, b.hi, b.width);
         // `scores` writes every one of the block's `rows × width` values: grown, not cleared.
         if scratch.scores.len() < rows * width {
@@ -226,7 +230,7 @@ fn attend_rows(
 
 /// A block of queries and the keys it runs over.
 struct Block {
-    /// Its first query and how many (at most [`QUERY_BLOCK`]).
+    /// Its first query and how many (at most [`QUERY_BLOCK`], or [`WIDE_BLOCK`]).
     first: usize,
     rows: usize,
     /// The union of its queries' windows, `[lo, hi)`, `lo` rounded down to a whole group of
@@ -236,12 +240,13 @@ struct Block {
     hi: usize,
     width: usize,
     /// Each query's own keys, from `lo`.
-    own: [(usize, usize); QUERY_BLOCK],
+    own: [(usize, usize); WIDE_BLOCK],
 }
 
-/// Calls `f` on each block of [`QUERY_BLOCK`] queries of a text (`positions` ascending) in
-/// order.
-fn for_each_block(positions: &[u32], window: usize, mut f: impl FnMut(&Block)) {
+/// Calls `f` on each block of `block` queries (at most [`WIDE_BLOCK`]) of a text
+/// (`positions` ascending) in order.
+fn for_each_block(positions: &[u32], window: usize, block: usize, mut f: impl FnMut(&Block)) {
+    assert!((1..=WIDE_BLOCK).contains(&block));
     let len = positions.len();
     // A text within the window (every text of up to `window` + 1 positions): every query
     // sees every key, and no search is needed.
@@ -257,13 +262,13 @@ fn for_each_block(positions: &[u32], window: usize, mut f: impl FnMut(&Block)) {
     };
     let mut first = 0;
     while first < len {
-        let rows = (len - first).min(QUERY_BLOCK);
+        let rows = (len - first).min(block);
         // Positions ascend, so the block's windows span [lo of its first, hi of its last).
         let (lo, _) = window_of(first);
         let lo = lo / KEY_GRAIN * KEY_GRAIN;
         let (_, hi) = window_of(first + rows - 1);
         let width = (hi - lo).div_ceil(KEY_GRAIN) * KEY_GRAIN;
-        let mut own = [(0, 0); QUERY_BLOCK];
+        let mut own = [(0, 0); WIDE_BLOCK];
         for (r, o) in own[..rows].iter_mut().enumerate() {
             let (own_lo, own_hi) = window_of(first + r);
             *o = (own_lo - lo, own_hi - lo);
@@ -310,9 +315,17 @@ fn attend_bf16(
     bf16::pack_values(head.v, stride, len, d, v16);
     let head_operands = products.head(kt16, v16, len);
     let half = d / 2;
-    q16.resize(QUERY_BLOCK * half, 0);
     let whole = within_window(positions, window);
-    for_each_block(positions, window, |b| {
+    // Every row's bits are the same in any block (its sums run over its own keys, in order,
+    // and a call that gives way to other tiles gives way for all its rows with the same
+    // bits).
+    let block = if whole && products.widens() {
+        WIDE_BLOCK
+    } else {
+        QUERY_BLOCK
+    };
+    q16.resize(block * half, 0);
+    for_each_block(positions, window, block, |b| {
         let (first, rows, lo, hi, width) = (b.first, b.rows, b.lo, b.hi, b.width);
         // Every value of the block's scores and probabilities is written before it is read:
         // grown, not cleared.
@@ -328,7 +341,7 @@ fn attend_bf16(
         let groups = width / bf16::LANES;
         // A text within the window: every query's own keys are the text's (from `lo` = 0),
         // so the tiles fold each row's max as they compute its scores.
-        let mut maxes = [f32::NEG_INFINITY; QUERY_BLOCK];
+        let mut maxes = [f32::NEG_INFINITY; WIDE_BLOCK];
         let row_max = whole.then_some((&mut maxes[..rows], len));
         let keys = (lo / bf16::LANES, groups);
         products.scores(q16, rows, d, &head_operands, keys, (s, widened), row_max);

@@ -232,6 +232,16 @@ pub(crate) enum Products {
 }
 
 impl Products {
+    /// Whether these tiles widen a call's keys and values to f32 before its products (the
+    /// AVX-512 FMA tiles: more rows a call share that work).
+    pub(crate) fn widens(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if self == Products::Avx512Fma {
+            return true;
+        }
+        false
+    }
+
     /// The fastest tiles this CPU has that agree with the portable code: `vdpbf16ps` where
     /// it runs at full rate, FMA where `vdpbf16ps` is slower than FMA (Intel's cores: half
     /// FMA's multiply-adds a cycle on the Xeons measured, BENCHMARKS.md seventeenth step) or
