@@ -17,7 +17,8 @@ const LINE: usize = 64;
 /// `len` values of `T` from a 64-byte boundary, read and written as a slice. `T` is a
 /// plain number (its size divides 64 and is its alignment).
 pub(crate) struct Aligned<T> {
-    /// `start + len` values or more; `start` is where a line begins.
+    /// `start + len` values or more; `start` is where a line begins (empty and unallocated
+    /// only when made by `default`).
     buf: Vec<T>,
     start: usize,
     len: usize,
@@ -78,9 +79,15 @@ impl<T: Copy + Default> Aligned<T> {
     }
 }
 
-impl<T: Copy + Default> Default for Aligned<T> {
+impl<T> Default for Aligned<T> {
+    /// Empty, with nothing allocated (the first [`Aligned::resize`] that grows it finds a
+    /// line in its allocation).
     fn default() -> Self {
-        Self::zeroed(0)
+        Self {
+            buf: Vec::new(),
+            start: 0,
+            len: 0,
+        }
     }
 }
 

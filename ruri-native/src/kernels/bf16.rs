@@ -326,17 +326,11 @@ impl Products {
     #[cfg(target_arch = "x86_64")]
     fn fma_parts(self) -> (FmaScores, FmaSums, Products, usize) {
         let (scores, sums, fallback): (FmaScores, FmaSums, _) = if self == Products::Avx2Fma {
-            let avx2 = (
-                super::x86_bf16_avx2::scores,
-                super::x86_bf16_avx2::weighted_sum,
-            );
-            (avx2.0, avx2.1, Products::Portable)
+            use super::x86_bf16_avx2::{scores, weighted_sum};
+            (scores, weighted_sum, Products::Portable)
         } else {
-            let avx512 = (
-                super::x86_bf16::fma_scores,
-                super::x86_bf16::fma_weighted_sum,
-            );
-            (avx512.0, avx512.1, Self::without_fma())
+            use super::x86_bf16::{fma_scores, fma_weighted_sum};
+            (fma_scores, fma_weighted_sum, Self::without_fma())
         };
         let floor = if fallback == Products::Avx512Bf16 {
             FMA_MIN_KEYS
@@ -1383,6 +1377,17 @@ pub(crate) mod tests {
             if !runs {
                 assert_eq!(fma_pair(0.0, a, b), f32::MIN_POSITIVE / 2.0);
             }
+            // The portable loops give `want` everywhere; the tiles ran (and gave it) or
+            // declined (and left their 9s).
+            let check = |ran: bool, tiles: &[f32], portable: &[f32]| {
+                assert_eq!(ran, runs, "{e_a} + {e_b}");
+                assert!(portable.iter().all(|x| x.to_bits() == want.to_bits()));
+                if runs {
+                    assert!(tiles.iter().all(|x| x.to_bits() == want.to_bits()));
+                } else {
+                    assert!(tiles.iter().all(|&x| x == 9.0));
+                }
+            };
             // Scores: one pair of channels at the start of each query, zeros after.
             let mut q = vec![0u32; rows * d / 2];
             let mut kt = vec![0u32; groups * d / 2 * LANES];
@@ -1400,13 +1405,7 @@ pub(crate) mod tests {
             );
             let ran = fma_scores_on(scores, &q, rows, d, &kt, (0, groups), &mut tiles);
             scores_portable(&q, rows, d, &kt, 0, groups, &mut portable);
-            assert_eq!(ran, runs, "{e_a} + {e_b}");
-            assert!(portable.iter().all(|x| x.to_bits() == want.to_bits()));
-            if runs {
-                assert!(tiles.iter().all(|x| x.to_bits() == want.to_bits()));
-            } else {
-                assert!(tiles.iter().all(|&x| x == 9.0));
-            }
+            check(ran, &tiles, &portable);
             // Weighted sums: each row's first pair of weights against values whose first
             // pair of keys cancels, the other pairs zero.
             let (w, v) = (a, b);
@@ -1421,13 +1420,7 @@ pub(crate) mod tests {
             let out = (&mut tiles[..], d);
             let ran = fma_sums_on(sums, &p, rows, 2 * pairs, &vp, (pairs, d), out);
             weighted_sum_portable(&p, rows, 2 * pairs, &vp, pairs, d, &mut portable, d);
-            assert_eq!(ran, runs, "{e_a} + {e_b}");
-            assert!(portable.iter().all(|x| x.to_bits() == want.to_bits()));
-            if runs {
-                assert!(tiles.iter().all(|x| x.to_bits() == want.to_bits()));
-            } else {
-                assert!(tiles.iter().all(|&x| x == 9.0));
-            }
+            check(ran, &tiles, &portable);
         }
     }
 
