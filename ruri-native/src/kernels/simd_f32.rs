@@ -768,10 +768,12 @@ fn dequantize_geglu_body(
 
 /// Columns of a packed fp32 weight panel (four AVX-512 vectors).
 pub(crate) const FP32_PANEL: usize = 64;
-/// Rows of one fp32 tile, and rows per block (a block of x stays in cache while every
-/// panel of W streams by).
+/// Rows of one fp32 tile, and rows per block: a block of x stays in cache while every
+/// panel of W streams by, so W streams once per block. 96 rows hold the engine's largest
+/// call (`linear::ROW_CHUNK`) in one block; blocks of 48 made its 64-row MLP calls stream
+/// W twice (BENCHMARKS.md, nineteenth step).
 const FP32_MR: usize = 6;
-const FP32_ROW_BLOCK: usize = 8 * FP32_MR;
+const FP32_ROW_BLOCK: usize = 16 * FP32_MR;
 /// Columns of one fp32 tile, for each instruction set: a tile's `FP32_MR ×` this many
 /// accumulators must stay in registers over all of k, with room for a row of weights and
 /// a broadcast. AVX-512 has 32 zmm (6 × 4 accumulators), AVX2 16 ymm (6 × 2), SSE2 16 xmm
@@ -940,31 +942,23 @@ fn fp32_gemm_body<const FMA: bool, const NC: usize>(
     out: &mut [f32],
     accumulate: bool,
 ) {
-    // A block of x, transposed tile by tile (`[tile][k][FP32_MR]`, short tiles zero-padded),
-    // so that the tile loop reads fixed-size arrays only (no bounds check keeps the
-    // accumulators out of registers).
-    let mut xt = vec![0.0f32; FP32_ROW_BLOCK * k];
+    // Blocks of rows: each block's rows stay in cache while every panel of W streams by.
     for row0 in (0..rows).step_by(FP32_ROW_BLOCK) {
         let row_end = (row0 + FP32_ROW_BLOCK).min(rows);
-        let tiles = (row_end - row0).div_ceil(FP32_MR);
-        xt[..tiles * k * FP32_MR].iter_mut().for_each(|v| *v = 0.0);
-        for r in row0..row_end {
-            let (t, i) = ((r - row0) / FP32_MR, (r - row0) % FP32_MR);
-            for (kk, &v) in x[r * k..(r + 1) * k].iter().enumerate() {
-                xt[(t * k + kk) * FP32_MR + i] = v;
-            }
-        }
         for p in 0..n.div_ceil(FP32_PANEL) {
             let panel = &packed[p * k * FP32_PANEL..(p + 1) * k * FP32_PANEL];
             let cols = FP32_PANEL.min(n - p * FP32_PANEL);
-            // A strip of NC columns (k × NC, in L1) against every tile of the block.
+            // A strip of NC columns against every tile of the block.
             for c0 in (0..cols).step_by(NC) {
                 let width = NC.min(cols - c0);
-                for t in 0..tiles {
-                    let r = row0 + t * FP32_MR;
+                for r in (row0..row_end).step_by(FP32_MR) {
                     let mr = (row_end - r).min(FP32_MR);
-                    let xt = &xt[t * k * FP32_MR..(t + 1) * k * FP32_MR];
-                    let acc = fp32_tile::<FMA, NC>(xt, panel, c0);
+                    // A short tile repeats its last row; those accumulators are dropped.
+                    let tile_rows: [&[f32]; FP32_MR] = std::array::from_fn(|i| {
+                        let row = r + i.min(mr - 1);
+                        &x[row * k..(row + 1) * k]
+                    });
+                    let acc = fp32_tile::<FMA, NC>(tile_rows, panel, c0);
                     for (i, acc) in acc.iter().enumerate().take(mr) {
                         let at = (r + i) * n + p * FP32_PANEL + c0;
                         let o = &mut out[at..at + width];
@@ -983,19 +977,30 @@ fn fp32_gemm_body<const FMA: bool, const NC: usize>(
 }
 
 /// One tile: `FP32_MR × NC` accumulators, columns `c0..c0 + NC` of the panel, held in
-/// registers over all of k.
+/// registers over all of k. Each of `rows` (of x, `k` values each) is read in place, one
+/// broadcast a step: the rows are walked side by side with the panel's rows (zipped
+/// iterators, no index, so no bounds check keeps the accumulators out of registers).
 #[inline(always)]
 fn fp32_tile<const FMA: bool, const NC: usize>(
-    xt: &[f32],
+    rows: [&[f32]; FP32_MR],
     panel: &[f32],
     c0: usize,
 ) -> [[f32; NC]; FP32_MR] {
-    const { assert!(FP32_PANEL.is_multiple_of(NC)) };
+    const { assert!(FP32_PANEL.is_multiple_of(NC) && FP32_MR == 6) };
     let mut acc = [[0.0f32; NC]; FP32_MR];
-    for (xk, w) in xt.chunks_exact(FP32_MR).zip(panel.chunks_exact(FP32_PANEL)) {
-        let xk: &[f32; FP32_MR] = xk.try_into().expect("a tile column");
+    let [r0, r1, r2, r3, r4, r5] = rows;
+    let steps = panel
+        .chunks_exact(FP32_PANEL)
+        .zip(r0)
+        .zip(r1)
+        .zip(r2)
+        .zip(r3)
+        .zip(r4)
+        .zip(r5);
+    for ((((((w, &a0), &a1), &a2), &a3), &a4), &a5) in steps {
+        let xk = [a0, a1, a2, a3, a4, a5];
         let w: &[f32; NC] = w[c0..c0 + NC].try_into().expect("a strip of a panel row");
-        for (acc, &xv) in acc.iter_mut().zip(xk) {
+        for (acc, &xv) in acc.iter_mut().zip(&xk) {
             for (a, &wv) in acc.iter_mut().zip(w) {
                 *a = if FMA {
                     xv.mul_add(wv, *a)
@@ -1216,6 +1221,8 @@ mod tests {
             (5, 40, 20),
             (13, 130, 257),
             (49, 64, 16),
+            // Past one block of rows (`FP32_ROW_BLOCK`), with a short tile after it.
+            (FP32_ROW_BLOCK + 5, 70, 9),
         ] {
             let x: Vec<f32> = (0..rows * k)
                 .map(|i| ((i * 37) % 23) as f32 / 11.0 - 1.0)
