@@ -945,20 +945,31 @@ fn fp32_gemm_body<const FMA: bool, const NC: usize>(
     // Blocks of rows: each block's rows stay in cache while every panel of W streams by.
     for row0 in (0..rows).step_by(FP32_ROW_BLOCK) {
         let row_end = (row0 + FP32_ROW_BLOCK).min(rows);
-        for p in 0..n.div_ceil(FP32_PANEL) {
+        let panels = n.div_ceil(FP32_PANEL);
+        for p in 0..panels {
             let panel = &packed[p * k * FP32_PANEL..(p + 1) * k * FP32_PANEL];
+            let next = match p + 1 < panels {
+                true => &packed[(p + 1) * k * FP32_PANEL..(p + 2) * k * FP32_PANEL],
+                false => panel,
+            };
             let cols = FP32_PANEL.min(n - p * FP32_PANEL);
             // A strip of NC columns against every tile of the block.
+            let mut tile = 0;
             for c0 in (0..cols).step_by(NC) {
                 let width = NC.min(cols - c0);
                 for r in (row0..row_end).step_by(FP32_MR) {
+                    // The next panel's lines are fetched a quarter per tile, one a step,
+                    // while this one is multiplied.
+                    let quarter = k * FP32_PANEL / 4;
+                    let ahead = &next[tile.min(3) * quarter..][..quarter];
+                    tile += 1;
                     let mr = (row_end - r).min(FP32_MR);
                     // A short tile repeats its last row; those accumulators are dropped.
                     let tile_rows: [&[f32]; FP32_MR] = std::array::from_fn(|i| {
                         let row = r + i.min(mr - 1);
                         &x[row * k..(row + 1) * k]
                     });
-                    let acc = fp32_tile::<FMA, NC>(tile_rows, panel, c0);
+                    let acc = fp32_tile::<FMA, NC>(tile_rows, panel, c0, ahead);
                     for (i, acc) in acc.iter().enumerate().take(mr) {
                         let at = (r + i) * n + p * FP32_PANEL + c0;
                         let o = &mut out[at..at + width];
@@ -976,15 +987,35 @@ fn fp32_gemm_body<const FMA: bool, const NC: usize>(
     }
 }
 
+/// f32 values in a cache line.
+const LINE: usize = 16;
+
+/// Asks for the cache line that holds `line` to be brought into L2, ahead of its use.
+#[inline(always)]
+fn prefetch(line: &[f32]) {
+    // SAFETY: SSE, which `_mm_prefetch` needs, is part of x86-64's baseline; a prefetch
+    // reads nothing into registers and never faults (the address is a live slice's anyway).
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(line.as_ptr().cast())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = line;
+}
+
 /// One tile: `FP32_MR × NC` accumulators, columns `c0..c0 + NC` of the panel, held in
 /// registers over all of k. Each of `rows` (of x, `k` values each) is read in place, one
 /// broadcast a step: the rows are walked side by side with the panel's rows (zipped
 /// iterators, no index, so no bounds check keeps the accumulators out of registers).
+/// `ahead` holds `k` cache lines of the next panel, one prefetched a step: a weight matrix
+/// larger than L2 (the 30m shape's Wi, 2 MB) otherwise reaches the first tile of each panel
+/// from L3 (BENCHMARKS.md, nineteenth step).
 #[inline(always)]
 fn fp32_tile<const FMA: bool, const NC: usize>(
     rows: [&[f32]; FP32_MR],
     panel: &[f32],
     c0: usize,
+    ahead: &[f32],
 ) -> [[f32; NC]; FP32_MR] {
     const { assert!(FP32_PANEL.is_multiple_of(NC) && FP32_MR == 6) };
     let mut acc = [[0.0f32; NC]; FP32_MR];
@@ -996,8 +1027,10 @@ fn fp32_tile<const FMA: bool, const NC: usize>(
         .zip(r2)
         .zip(r3)
         .zip(r4)
-        .zip(r5);
-    for ((((((w, &a0), &a1), &a2), &a3), &a4), &a5) in steps {
+        .zip(r5)
+        .zip(ahead.chunks_exact(LINE));
+    for (((((((w, &a0), &a1), &a2), &a3), &a4), &a5), line) in steps {
+        prefetch(line);
         let xk = [a0, a1, a2, a3, a4, a5];
         let w: &[f32; NC] = w[c0..c0 + NC].try_into().expect("a strip of a panel row");
         for (acc, &xv) in acc.iter_mut().zip(&xk) {
