@@ -958,10 +958,11 @@ fn fp32_gemm_body<const FMA: bool, const NC: usize>(
             for c0 in (0..cols).step_by(NC) {
                 let width = NC.min(cols - c0);
                 for r in (row0..row_end).step_by(FP32_MR) {
-                    // The next panel's lines are fetched a quarter per tile, one a step,
-                    // while this one is multiplied.
+                    // The next panel's lines are fetched by the first four tiles, a quarter
+                    // each, one a step, while this one is multiplied.
                     let quarter = k * FP32_PANEL / 4;
                     let ahead = &next[tile.min(3) * quarter..][..quarter];
+                    let fetch = tile < 4 && p + 1 < panels;
                     tile += 1;
                     let mr = (row_end - r).min(FP32_MR);
                     // A short tile repeats its last row; those accumulators are dropped.
@@ -969,7 +970,10 @@ fn fp32_gemm_body<const FMA: bool, const NC: usize>(
                         let row = r + i.min(mr - 1);
                         &x[row * k..(row + 1) * k]
                     });
-                    let acc = fp32_tile::<FMA, NC>(tile_rows, panel, c0, ahead);
+                    let acc = match fetch {
+                        true => fp32_tile::<FMA, NC, true>(tile_rows, panel, c0, ahead),
+                        false => fp32_tile::<FMA, NC, false>(tile_rows, panel, c0, ahead),
+                    };
                     for (i, acc) in acc.iter().enumerate().take(mr) {
                         let at = (r + i) * n + p * FP32_PANEL + c0;
                         let o = &mut out[at..at + width];
@@ -1007,11 +1011,11 @@ fn prefetch(line: &[f32]) {
 /// registers over all of k. Each of `rows` (of x, `k` values each) is read in place, one
 /// broadcast a step: the rows are walked side by side with the panel's rows (zipped
 /// iterators, no index, so no bounds check keeps the accumulators out of registers).
-/// `ahead` holds `k` cache lines of the next panel, one prefetched a step: a weight matrix
-/// larger than L2 (the 30m shape's Wi, 2 MB) otherwise reaches the first tile of each panel
-/// from L3 (BENCHMARKS.md, nineteenth step).
+/// With `PREFETCH`, `ahead` holds `k` cache lines of the next panel, one prefetched a step:
+/// a weight matrix larger than L2 (the 30m shape's Wi, 2 MB) otherwise reaches the first
+/// tile of each panel from L3 (BENCHMARKS.md, nineteenth step).
 #[inline(always)]
-fn fp32_tile<const FMA: bool, const NC: usize>(
+fn fp32_tile<const FMA: bool, const NC: usize, const PREFETCH: bool>(
     rows: [&[f32]; FP32_MR],
     panel: &[f32],
     c0: usize,
@@ -1019,19 +1023,7 @@ fn fp32_tile<const FMA: bool, const NC: usize>(
 ) -> [[f32; NC]; FP32_MR] {
     const { assert!(FP32_PANEL.is_multiple_of(NC) && FP32_MR == 6) };
     let mut acc = [[0.0f32; NC]; FP32_MR];
-    let [r0, r1, r2, r3, r4, r5] = rows;
-    let steps = panel
-        .chunks_exact(FP32_PANEL)
-        .zip(r0)
-        .zip(r1)
-        .zip(r2)
-        .zip(r3)
-        .zip(r4)
-        .zip(r5)
-        .zip(ahead.chunks_exact(LINE));
-    for (((((((w, &a0), &a1), &a2), &a3), &a4), &a5), line) in steps {
-        prefetch(line);
-        let xk = [a0, a1, a2, a3, a4, a5];
+    let mut step = |w: &[f32], xk: [f32; FP32_MR]| {
         let w: &[f32; NC] = w[c0..c0 + NC].try_into().expect("a strip of a panel row");
         for (acc, &xv) in acc.iter_mut().zip(&xk) {
             for (a, &wv) in acc.iter_mut().zip(w) {
@@ -1041,6 +1033,27 @@ fn fp32_tile<const FMA: bool, const NC: usize>(
                     *a + xv * wv
                 };
             }
+        }
+    };
+    let [r0, r1, r2, r3, r4, r5] = rows;
+    let steps = panel
+        .chunks_exact(FP32_PANEL)
+        .zip(r0)
+        .zip(r1)
+        .zip(r2)
+        .zip(r3)
+        .zip(r4)
+        .zip(r5);
+    if PREFETCH {
+        for (((((((w, &a0), &a1), &a2), &a3), &a4), &a5), line) in
+            steps.zip(ahead.chunks_exact(LINE))
+        {
+            prefetch(line);
+            step(w, [a0, a1, a2, a3, a4, a5]);
+        }
+    } else {
+        for ((((((w, &a0), &a1), &a2), &a3), &a4), &a5) in steps {
+            step(w, [a0, a1, a2, a3, a4, a5]);
         }
     }
     acc
