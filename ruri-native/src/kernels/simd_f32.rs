@@ -946,12 +946,11 @@ fn fp32_gemm_body<const FMA: bool, const NC: usize>(
     for row0 in (0..rows).step_by(FP32_ROW_BLOCK) {
         let row_end = (row0 + FP32_ROW_BLOCK).min(rows);
         let panels = n.div_ceil(FP32_PANEL);
+        let quarter = k * FP32_PANEL / 4;
         for p in 0..panels {
             let panel = &packed[p * k * FP32_PANEL..(p + 1) * k * FP32_PANEL];
-            let next = match p + 1 < panels {
-                true => &packed[(p + 1) * k * FP32_PANEL..(p + 2) * k * FP32_PANEL],
-                false => panel,
-            };
+            let next =
+                (p + 1 < panels).then(|| &packed[(p + 1) * k * FP32_PANEL..][..k * FP32_PANEL]);
             let cols = FP32_PANEL.min(n - p * FP32_PANEL);
             // A strip of NC columns against every tile of the block.
             let mut tile = 0;
@@ -960,9 +959,9 @@ fn fp32_gemm_body<const FMA: bool, const NC: usize>(
                 for r in (row0..row_end).step_by(FP32_MR) {
                     // The next panel's lines are fetched by the first four tiles, a quarter
                     // each, one a step, while this one is multiplied.
-                    let quarter = k * FP32_PANEL / 4;
-                    let ahead = &next[tile.min(3) * quarter..][..quarter];
-                    let fetch = tile < 4 && p + 1 < panels;
+                    let ahead = next
+                        .filter(|_| tile < 4)
+                        .map(|next| &next[tile * quarter..][..quarter]);
                     tile += 1;
                     let mr = (row_end - r).min(FP32_MR);
                     // A short tile repeats its last row; those accumulators are dropped.
@@ -970,9 +969,9 @@ fn fp32_gemm_body<const FMA: bool, const NC: usize>(
                         let row = r + i.min(mr - 1);
                         &x[row * k..(row + 1) * k]
                     });
-                    let acc = match fetch {
-                        true => fp32_tile::<FMA, NC, true>(tile_rows, panel, c0, ahead),
-                        false => fp32_tile::<FMA, NC, false>(tile_rows, panel, c0, ahead),
+                    let acc = match ahead {
+                        Some(ahead) => fp32_tile::<FMA, NC, true>(tile_rows, panel, c0, ahead),
+                        None => fp32_tile::<FMA, NC, false>(tile_rows, panel, c0, &[]),
                     };
                     for (i, acc) in acc.iter().enumerate().take(mr) {
                         let at = (r + i) * n + p * FP32_PANEL + c0;
