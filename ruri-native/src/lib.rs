@@ -271,6 +271,7 @@ pub mod bench {
                 n,
                 &mut self.out,
                 false,
+                false,
             );
             self.out.iter().step_by(61).sum()
         }
@@ -294,6 +295,7 @@ pub mod bench {
                 n,
                 out: &mut self.out,
                 accumulate: false,
+                gated: false,
             };
             call.on(isa)?;
             Some(self.out.iter().step_by(61).sum())

@@ -71,10 +71,14 @@ const ROW_GRAIN: usize = 1;
 #[derive(Debug)]
 pub(crate) enum Linear {
     Fp32 {
-        /// Packed by `simd_f32::pack_fp32`.
+        /// Packed by `simd_f32::pack_fp32`, or by `simd_f32::pack_fp32_gated` (`2n × k`)
+        /// when `gated`.
         w: Aligned<f32>,
         n: usize,
         k: usize,
+        /// ModernBERT's Wi: the output is the GeGLU of the product, `n` wide (see
+        /// [`Linear::fp32_gated`]).
+        gated: bool,
     },
     Int8(Int8),
     /// Two int8 products over disjoint column groups (see [`detect_writers`]), each
@@ -430,6 +434,20 @@ impl Linear {
             w: simd_f32::pack_fp32(w, n, k),
             n,
             k,
+            gated: false,
+        }
+    }
+
+    /// An fp32 gated layer from `2n × k` weights (ModernBERT's Wi: the input half's rows,
+    /// then the gate half's): its output is `gelu(input) · gate`, `n` wide, with the bits of
+    /// [`Linear::fp32`] followed by the GeGLU, but the product is never stored: the GEMM
+    /// applies the GeGLU in its tiles.
+    pub(crate) fn fp32_gated(w: &[f32], n: usize, k: usize) -> Self {
+        Linear::Fp32 {
+            w: simd_f32::pack_fp32_gated(w, n, k),
+            n,
+            k,
+            gated: true,
         }
     }
 
@@ -606,10 +624,11 @@ impl Linear {
     /// The products of every staged row.
     pub(crate) fn run(&self, s: &mut LinearScratch) {
         match self {
-            Linear::Fp32 { w, n, k } => {
+            &Linear::Fp32 { ref w, n, k, gated } => {
                 grow(&mut s.y, s.rows * n);
                 let helper = s.helper.as_deref().map(|h| (h, &mut s.split_f32));
-                fp32_product(w, *n, *k, &s.x, s.rows, &mut s.y, false, helper);
+                let y = &mut s.y;
+                fp32_product(w, n, k, gated, &s.x, s.rows, y, false, helper);
             }
             Linear::Int8(p) => {
                 let helper = s.helper.as_deref().map(|h| (h, &mut s.split));
@@ -628,9 +647,9 @@ impl Linear {
     /// adds in its tiles, with no output buffer between.
     pub(crate) fn finish(&self, s: &mut LinearScratch, out: &mut [f32], accumulate: bool) {
         match self {
-            Linear::Fp32 { w, n, k } => {
+            &Linear::Fp32 { ref w, n, k, gated } => {
                 let helper = s.helper.as_deref().map(|h| (h, &mut s.split_f32));
-                fp32_product(w, *n, *k, &s.x, s.rows, out, accumulate, helper)
+                fp32_product(w, n, k, gated, &s.x, s.rows, out, accumulate, helper)
             }
             _ => {
                 self.run(s);
@@ -732,11 +751,11 @@ impl Linear {
         assert!(x.len() >= rows * k, "linear input too small");
         match self {
             // fp32 reads x in place and adds to `out` in its tiles: nothing to stage.
-            Linear::Fp32 { w, .. } => {
+            &Linear::Fp32 { ref w, gated, .. } => {
                 on_rows(pool, rows, n, out, scratch, |first, rows, out, s| {
                     let x = &x[first * k..(first + rows) * k];
                     let helper = s.helper.as_deref().map(|h| (h, &mut s.split_f32));
-                    fp32_product(w, n, k, x, rows, out, accumulate, helper)
+                    fp32_product(w, n, k, gated, x, rows, out, accumulate, helper)
                 })
             }
             _ => {
@@ -760,16 +779,18 @@ impl Linear {
     }
 }
 
-/// `out (+)= x · Wᵀ` for `rows` rows of `x` with fp32 weights `w` (`n × k`, packed). With a
-/// helper and at most [`HELPER_MAX_ROWS`] rows, W's panels are cut in two halves of whole
-/// panels, one for the caller's thread and one for the helper, each multiplied into a block
-/// of `split` and then stored in (or added to) `out`'s rows: each output is still one tile's
-/// sum, added to `out` once, so the bits are those of one call.
+/// `out (+)= x · Wᵀ` for `rows` rows of `x` with fp32 weights `w` (`n × k`, packed), or its
+/// GeGLU (`gated`: `simd_f32::fp32_gemm`). With a helper and at most [`HELPER_MAX_ROWS`]
+/// rows, W's panels are cut in two halves of whole panels, one for the caller's thread and
+/// one for the helper, each multiplied into a block of `split` and then stored in (or added
+/// to) `out`'s rows: each output is still one tile's sum, added to `out` once, so the bits
+/// are those of one call.
 #[allow(clippy::too_many_arguments)]
 fn fp32_product(
     w: &[f32],
     n: usize,
     k: usize,
+    gated: bool,
     x: &[f32],
     rows: usize,
     out: &mut [f32],
@@ -777,12 +798,14 @@ fn fp32_product(
     helper: Option<(&Helper, &mut Aligned<f32>)>,
 ) {
     const PANEL: usize = simd_f32::FP32_PANEL;
-    let panels = n.div_ceil(PANEL);
+    // Outputs of one panel.
+    let per_panel = if gated { simd_f32::FP32_GATED } else { PANEL };
+    let panels = n.div_ceil(per_panel);
     let Some((helper, split)) = helper.filter(|_| rows <= helper_max_rows(None) && panels >= 2)
     else {
-        return simd_f32::fp32_gemm(x, rows, k, w, n, out, accumulate);
+        return simd_f32::fp32_gemm(x, rows, k, w, n, out, accumulate, gated);
     };
-    let columns = [0, panels.div_ceil(2) * PANEL, n];
+    let columns = [0, panels.div_ceil(2) * per_panel, n];
     let bounds = columns.map(|c| c * rows);
     grow(split, rows * n);
     {
@@ -790,8 +813,8 @@ fn fp32_product(
         helper.run(columns.len() - 1, &|i, _worker| {
             let piece = pieces.take(i).expect("each piece is run once");
             let (c0, width) = (columns[i], columns[i + 1] - columns[i]);
-            let w = &w[c0 / PANEL * k * PANEL..];
-            simd_f32::fp32_gemm(x, rows, k, w, width, piece, false);
+            let w = &w[c0 / per_panel * k * PANEL..];
+            simd_f32::fp32_gemm(x, rows, k, w, width, piece, false, gated);
         });
     }
     for (c, piece) in columns.windows(2).zip(bounds.windows(2)) {
@@ -910,6 +933,21 @@ pub(crate) fn geglu_mlp(
         wi.begin(rows, si);
         for (r, row) in xs.chunks_exact(h).enumerate() {
             wi.stage_row(r, si, |o| simd_f32::layer_norm(row, norm, eps, o));
+        }
+        if let Linear::Fp32 { gated: true, .. } = wi {
+            wo.begin(rows, so);
+            match wo {
+                // Wi's products go through the GeGLU in its tiles, straight into Wo's inputs.
+                Linear::Fp32 { .. } => wi.finish(si, &mut so.x[..rows * i], false),
+                _ => {
+                    wi.run(si);
+                    for r in 0..rows {
+                        wo.stage_row(r, so, |a| wi.row_out(r, si, a, false));
+                    }
+                }
+            }
+            wo.finish(so, xs, true);
+            continue;
         }
         wi.run(si);
         wo.begin(rows, so);
@@ -1160,6 +1198,65 @@ mod tests {
         geglu_mlp(&wi, &wo, &norm, 1e-5, &mut shared, &mut s);
         assert_eq!(bits(&shared), bits(&alone), "{what}, the MLP");
         assert_ne!(alone, x);
+    }
+
+    /// Wi as a gated fp32 layer (the GeGLU applied in the GEMM's tiles) gives the bits of
+    /// the plain fp32 layer followed by the GeGLU: through `forward` (stored and added), and
+    /// in the MLP beside an fp32 and an int8 Wo, alone and with a helper (halves of whole
+    /// panels), with a part panel and with one panel, over more than one chunk of rows.
+    #[test]
+    fn a_gated_fp32_wi_gives_the_plain_layers_bits() {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let helper = Some(Arc::new(
+            Helper::start(Default::default()).expect("a thread"),
+        ));
+        for (h, u) in [(128usize, 96usize), (48, 70), (16, 5)] {
+            let wi: Vec<f32> = (0..2 * u * h).map(|i| value(i + 5)).collect();
+            let wo: Vec<f32> = (0..h * u).map(|i| value(i + 9) * 0.3).collect();
+            let (plain, gated) = (Linear::fp32(&wi, 2 * u, h), Linear::fp32_gated(&wi, u, h));
+            assert_eq!((gated.out_features(), gated.in_features()), (u, h));
+            for rows in [1, 9, MLP_CHUNK + 7] {
+                let x: Vec<f32> = (0..rows * h).map(|i| value(i + rows)).collect();
+                // The layer alone: the plain product, then the GeGLU value by value.
+                let mut y = vec![0.0; rows * 2 * u];
+                plain.forward(&x, rows, &mut y, false, &mut LinearScratch::default());
+                let geglu: Vec<f32> = y
+                    .chunks_exact(2 * u)
+                    .flat_map(|y| (0..u).map(|j| crate::math::gelu(y[j]) * y[u + j]))
+                    .collect();
+                for accumulate in [false, true] {
+                    let start: Vec<f32> = (0..rows * u).map(|i| value(i + 11)).collect();
+                    let want: Vec<f32> = if accumulate {
+                        start.iter().zip(&geglu).map(|(&s, &g)| s + g).collect()
+                    } else {
+                        geglu.clone()
+                    };
+                    for helper in [None, helper.clone()] {
+                        let mut got = start.clone();
+                        let mut s = LinearScratch {
+                            helper,
+                            ..LinearScratch::default()
+                        };
+                        gated.forward(&x, rows, &mut got, accumulate, &mut s);
+                        assert_eq!(bits(&got), bits(&want), "{h}×{u}, {rows} rows");
+                    }
+                }
+                // The MLP, with Wo at fp32 (the GeGLU written into its inputs) and at int8.
+                let wos = [
+                    Linear::fp32(&wo, h, u),
+                    Linear::int8(Kernel::Scalar, &mut wo.clone(), h, u, vec![], &mut vec![]),
+                ];
+                for (wo, helper) in wos.iter().flat_map(|wo| [(wo, None), (wo, helper.clone())]) {
+                    let norm = vec![1.0f32; h];
+                    let (mut want, mut got) = (x.clone(), x.clone());
+                    let mut s = MlpScratch::with_helper(helper);
+                    geglu_mlp(&plain, wo, &norm, 1e-5, &mut want, &mut s);
+                    geglu_mlp(&gated, wo, &norm, 1e-5, &mut got, &mut s);
+                    assert_eq!(bits(&got), bits(&want), "{h}×{u}, {rows} rows, the MLP");
+                    assert_ne!(got, x);
+                }
+            }
+        }
     }
 
     /// fp32 products shared with a helper (halves of whole panels) give the bits of one

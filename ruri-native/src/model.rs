@@ -358,14 +358,13 @@ impl Assembler {
                 let wo = self.linear(w, h, i, false, units.as_deref());
                 self.layers[n].mlp_wo = Some(wo);
                 if let Some(mut raw) = self.layers[n].wi_raw.take() {
-                    self.layers[n].wi =
-                        Some(self.linear(&mut raw, 2 * i, h, true, units.as_deref()));
+                    self.layers[n].wi = Some(self.wi(&mut raw, i, h, units.as_deref()));
                 }
                 self.layers[n].units = Some(units);
             }
             "mlp.Wi.weight" => match self.layers[n].units.take() {
                 Some(units) => {
-                    self.layers[n].wi = Some(self.linear(w, 2 * i, h, true, units.as_deref()));
+                    self.layers[n].wi = Some(self.wi(w, i, h, units.as_deref()));
                     self.layers[n].units = Some(units);
                 }
                 None => self.layers[n].wi_raw = Some(std::mem::take(w)),
@@ -377,6 +376,16 @@ impl Assembler {
             }
         }
         Ok(())
+    }
+
+    /// The MLP's Wi (`2i × h`): at fp32 a gated layer, whose GEMM applies the GeGLU
+    /// ([`Linear::fp32_gated`]); else [`Assembler::linear`]'s layer (at int8 the GeGLU reads
+    /// its rows as they are dequantized).
+    fn wi(&mut self, w: &mut [f32], i: usize, h: usize, units: Option<&[usize]>) -> Prepared {
+        match (self.options.precision, units) {
+            (Precision::Fp32, None) => Prepared::Packed(Linear::fp32_gated(w, i, h)),
+            _ => self.linear(w, 2 * i, h, true, units),
+        }
     }
 
     /// `n × k` weights `w` prepared as `Linear`. `reads_norm`: a layer fed by a LayerNorm

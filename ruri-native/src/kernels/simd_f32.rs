@@ -805,6 +805,32 @@ pub(crate) fn pack_fp32(w: &[f32], n: usize, k: usize) -> Aligned<f32> {
     packed
 }
 
+/// Outputs of one panel of a gated product ([`pack_fp32_gated`]): half its columns.
+pub(crate) const FP32_GATED: usize = FP32_PANEL / 2;
+
+/// Packs a gated layer's `w` (`2n × k`: the `n` rows of the input half, then the `n` of the
+/// gate half, as ModernBERT's Wi holds them) into panels of [`FP32_PANEL`] columns as
+/// [`pack_fp32`] does, each panel holding [`FP32_GATED`] outputs' input rows and then their
+/// gate rows (a last panel of `m < FP32_GATED` outputs: `m` input rows, `m` gate rows, then
+/// zeros). A tile then holds both halves of its outputs, and the GEMM applies the GeGLU
+/// before anything is stored ([`Fp32Call::gated`]).
+pub(crate) fn pack_fp32_gated(w: &[f32], n: usize, k: usize) -> Aligned<f32> {
+    assert!(w.len() >= 2 * n * k, "a gated layer's weights are 2n × k");
+    let panels = n.div_ceil(FP32_GATED);
+    let mut packed = Aligned::zeroed(panels * k * FP32_PANEL);
+    for p in 0..panels {
+        let first = p * FP32_GATED;
+        let outs = FP32_GATED.min(n - first);
+        let sources = (first..first + outs).chain(n + first..n + first + outs);
+        for (j, src) in sources.enumerate() {
+            for (kk, &v) in w[src * k..(src + 1) * k].iter().enumerate() {
+                packed[(p * k + kk) * FP32_PANEL + j] = v;
+            }
+        }
+    }
+    packed
+}
+
 /// The instruction sets the fp32 GEMM is compiled for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Fp32Isa {
@@ -849,8 +875,12 @@ impl Fp32Isa {
 }
 
 /// `out (+)= x · Wᵀ` for `rows` rows of `x` (`rows × k`) with W packed by [`pack_fp32`];
-/// `out` is `rows × n`. fp32 is not promised the same bits everywhere: the AVX2 and
-/// AVX-512 versions fuse multiply and add (FMA), the baseline does not.
+/// `out` is `rows × n`. With `gated`, W is packed by [`pack_fp32_gated`] (`2n × k`) and
+/// `out (+)= gelu(y[.., ..n]) · y[.., n..]` for `y = x · Wᵀ`, with the bits of the product
+/// and then [`geglu`], but y is never stored. fp32 is not promised the same bits
+/// everywhere: the AVX2 and AVX-512 versions fuse multiply and add (FMA), the baseline does
+/// not.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn fp32_gemm(
     x: &[f32],
     rows: usize,
@@ -859,6 +889,7 @@ pub(crate) fn fp32_gemm(
     n: usize,
     out: &mut [f32],
     accumulate: bool,
+    gated: bool,
 ) {
     let call = Fp32Call {
         x,
@@ -868,6 +899,7 @@ pub(crate) fn fp32_gemm(
         n,
         out,
         accumulate,
+        gated,
     };
     call.on(Fp32Isa::detect());
 }
@@ -893,6 +925,8 @@ pub(crate) struct Fp32Call<'a> {
     pub(crate) n: usize,
     pub(crate) out: &'a mut [f32],
     pub(crate) accumulate: bool,
+    /// W packed by [`pack_fp32_gated`]: `out` gets the GeGLU of the product ([`fp32_gemm`]).
+    pub(crate) gated: bool,
 }
 
 impl Fp32Call<'_> {
@@ -900,7 +934,8 @@ impl Fp32Call<'_> {
     pub(crate) fn on(self, isa: Fp32Isa) -> Option<()> {
         let (rows, k, n) = (self.rows, self.k, self.n);
         assert!(self.x.len() >= rows * k && self.out.len() >= rows * n);
-        assert!(self.packed.len() >= n.div_ceil(FP32_PANEL) * k * FP32_PANEL);
+        let per_panel = if self.gated { FP32_GATED } else { FP32_PANEL };
+        assert!(self.packed.len() >= n.div_ceil(per_panel) * k * FP32_PANEL);
         if !isa.available() {
             return None;
         }
@@ -927,12 +962,14 @@ impl Fp32Call<'_> {
             n,
             out,
             accumulate,
+            gated,
         } = self;
-        fp32_gemm_body::<FMA, NC>(x, rows, k, packed, n, out, accumulate)
+        fp32_gemm_body::<FMA, NC>(x, rows, k, packed, n, out, accumulate, gated)
     }
 }
 
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn fp32_gemm_body<const FMA: bool, const NC: usize>(
     x: &[f32],
     rows: usize,
@@ -941,38 +978,56 @@ fn fp32_gemm_body<const FMA: bool, const NC: usize>(
     n: usize,
     out: &mut [f32],
     accumulate: bool,
+    gated: bool,
 ) {
+    // Outputs of one panel.
+    let per_panel = if gated { FP32_GATED } else { FP32_PANEL };
+    let panels = n.div_ceil(per_panel);
+    let quarter = k * FP32_PANEL / 4;
+    // A gated tile's products: every value its GeGLU reads is written first.
+    let mut y = [[0.0f32; FP32_PANEL]; FP32_MR];
     // Blocks of rows: each block's rows stay in cache while every panel of W streams by.
     for row0 in (0..rows).step_by(FP32_ROW_BLOCK) {
         let row_end = (row0 + FP32_ROW_BLOCK).min(rows);
-        let panels = n.div_ceil(FP32_PANEL);
-        let quarter = k * FP32_PANEL / 4;
         for p in 0..panels {
             let panel = &packed[p * k * FP32_PANEL..(p + 1) * k * FP32_PANEL];
             let next =
                 (p + 1 < panels).then(|| &packed[(p + 1) * k * FP32_PANEL..][..k * FP32_PANEL]);
-            let cols = FP32_PANEL.min(n - p * FP32_PANEL);
-            // A strip of NC columns against every tile of the block.
+            let outs = per_panel.min(n - p * per_panel);
+            // The panel's columns of W.
+            let cols = if gated { 2 * outs } else { outs };
+            // The next panel's lines are fetched by the first four tiles, a quarter each,
+            // one a step, while this one is multiplied.
             let mut tile = 0;
+            let mut ahead = || {
+                tile += 1;
+                next.filter(|_| tile <= 4)
+                    .map(|next| &next[(tile - 1) * quarter..][..quarter])
+            };
+            if gated {
+                // Every strip of a tile's rows, then their GeGLU while the products are in
+                // registers or L1.
+                for r in (row0..row_end).step_by(FP32_MR) {
+                    let mut mr = 0;
+                    for c0 in (0..cols).step_by(NC) {
+                        let acc;
+                        (acc, mr) = fp32_rows::<FMA, NC>(x, k, r, row_end, panel, c0, ahead());
+                        for (y, acc) in y.iter_mut().zip(&acc) {
+                            y[c0..c0 + NC].copy_from_slice(acc);
+                        }
+                    }
+                    for (i, y) in y.iter().enumerate().take(mr) {
+                        let at = (r + i) * n + p * FP32_GATED;
+                        geglu_panel(y, &mut out[at..at + outs], accumulate);
+                    }
+                }
+                continue;
+            }
+            // A strip of NC columns against every tile of the block.
             for c0 in (0..cols).step_by(NC) {
                 let width = NC.min(cols - c0);
                 for r in (row0..row_end).step_by(FP32_MR) {
-                    // The next panel's lines are fetched by the first four tiles, a quarter
-                    // each, one a step, while this one is multiplied.
-                    let ahead = next
-                        .filter(|_| tile < 4)
-                        .map(|next| &next[tile * quarter..][..quarter]);
-                    tile += 1;
-                    let mr = (row_end - r).min(FP32_MR);
-                    // A short tile repeats its last row; those accumulators are dropped.
-                    let tile_rows: [&[f32]; FP32_MR] = std::array::from_fn(|i| {
-                        let row = r + i.min(mr - 1);
-                        &x[row * k..(row + 1) * k]
-                    });
-                    let acc = match ahead {
-                        Some(ahead) => fp32_tile::<FMA, NC, true>(tile_rows, panel, c0, ahead),
-                        None => fp32_tile::<FMA, NC, false>(tile_rows, panel, c0, &[]),
-                    };
+                    let (acc, mr) = fp32_rows::<FMA, NC>(x, k, r, row_end, panel, c0, ahead());
                     for (i, acc) in acc.iter().enumerate().take(mr) {
                         let at = (r + i) * n + p * FP32_PANEL + c0;
                         let o = &mut out[at..at + width];
@@ -987,6 +1042,60 @@ fn fp32_gemm_body<const FMA: bool, const NC: usize>(
                 }
             }
         }
+    }
+}
+
+/// Rows `r..row_end` of `x` (at most [`FP32_MR`] of them: the tile's rows, how many) times
+/// the strip of the panel at column `c0`, fetching `ahead`'s lines if any. A function, not
+/// a closure: a closure is compiled without its caller's target features, and FMA became a
+/// call to `fmaf`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn fp32_rows<const FMA: bool, const NC: usize>(
+    x: &[f32],
+    k: usize,
+    r: usize,
+    row_end: usize,
+    panel: &[f32],
+    c0: usize,
+    ahead: Option<&[f32]>,
+) -> ([[f32; NC]; FP32_MR], usize) {
+    let mr = (row_end - r).min(FP32_MR);
+    // A short tile repeats its last row; those accumulators are dropped.
+    let tile_rows: [&[f32]; FP32_MR] = std::array::from_fn(|i| {
+        let row = r + i.min(mr - 1);
+        &x[row * k..(row + 1) * k]
+    });
+    let acc = match ahead {
+        Some(ahead) => fp32_tile::<FMA, NC, true>(tile_rows, panel, c0, ahead),
+        None => fp32_tile::<FMA, NC, false>(tile_rows, panel, c0, &[]),
+    };
+    (acc, mr)
+}
+
+/// `out[j] (+)= gelu(y[j]) · y[m + j]` for the `m = out.len()` outputs of one row of a
+/// gated panel (inputs first, then gates: [`pack_fp32_gated`]), with [`geglu`]'s bits.
+#[inline(always)]
+fn geglu_panel(y: &[f32; FP32_PANEL], out: &mut [f32], accumulate: bool) {
+    let m = out.len();
+    let mut g = [0.0f32; FP32_GATED];
+    if m == FP32_GATED {
+        let (input, gate) = y.split_at(FP32_GATED);
+        let (input, gate) = (input.try_into(), gate.try_into());
+        crate::math::gelu_gated::<FP32_GATED>(
+            input.expect("half a panel"),
+            gate.expect("half a panel"),
+            &mut g,
+        );
+    } else {
+        for (j, g) in g.iter_mut().enumerate().take(m) {
+            *g = crate::math::gelu(y[j]) * y[m + j];
+        }
+    }
+    if accumulate {
+        out.iter_mut().zip(&g).for_each(|(o, &g)| *o += g);
+    } else {
+        out.copy_from_slice(&g[..m]);
     }
 }
 
@@ -1287,6 +1396,7 @@ mod tests {
                     n,
                     out: &mut out,
                     accumulate,
+                    gated: false,
                 };
                 call.on(isa);
                 for r in 0..rows {
@@ -1302,6 +1412,64 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    /// The gated GEMM, every version this CPU runs, gives the bits of the plain GEMM of the
+    /// same version followed by the GeGLU value by value: with a last part panel, one part
+    /// panel alone, more than one block of rows and a short tile, stored and added.
+    #[test]
+    fn gated_fp32_gemm_is_the_product_then_the_geglu() {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (rows, n, k) in [
+            (1, 1, 1),
+            (7, 70, 33),
+            (5, 32, 20),
+            (13, 5, 64),
+            (FP32_ROW_BLOCK + 5, 100, 9),
+        ] {
+            let x: Vec<f32> = (0..rows * k)
+                .map(|i| ((i * 37) % 23) as f32 / 11.0 - 1.0)
+                .collect();
+            let w: Vec<f32> = (0..2 * n * k)
+                .map(|i| ((i * 53) % 29) as f32 / 14.0 - 1.0)
+                .collect();
+            let (plain, gated) = (pack_fp32(&w, 2 * n, k), pack_fp32_gated(&w, n, k));
+            let runs = Fp32Isa::ALL.into_iter().filter(|isa| isa.available());
+            for (isa, accumulate) in runs.flat_map(|isa| [(isa, false), (isa, true)]) {
+                let mut y = vec![0.0f32; rows * 2 * n];
+                let call = Fp32Call {
+                    x: &x,
+                    rows,
+                    k,
+                    packed: &plain,
+                    n: 2 * n,
+                    out: &mut y,
+                    accumulate: false,
+                    gated: false,
+                };
+                call.on(isa);
+                let start = |i: usize| (i % 7) as f32 - 3.0;
+                let want: Vec<f32> = y
+                    .chunks_exact(2 * n)
+                    .flat_map(|y| (0..n).map(|j| crate::math::gelu(y[j]) * y[n + j]))
+                    .enumerate()
+                    .map(|(i, g)| if accumulate { start(i) + g } else { g })
+                    .collect();
+                let mut out: Vec<f32> = (0..rows * n).map(start).collect();
+                let call = Fp32Call {
+                    x: &x,
+                    rows,
+                    k,
+                    packed: &gated,
+                    n,
+                    out: &mut out,
+                    accumulate,
+                    gated: true,
+                };
+                call.on(isa);
+                assert_eq!(bits(&out), bits(&want), "{isa:?} {rows}×{n}×{k}");
             }
         }
     }
