@@ -861,8 +861,6 @@ fn on_rows(
 }
 
 /// Buffers of one layer's call, kept between calls: the staged input rows and the
-/// products.
-/// Buffers of one layer's call, kept between calls: the staged input rows and the
 /// products, each from a cache line (rows of whole lines then never split a load).
 #[derive(Debug, Default)]
 pub(crate) struct LinearScratch {
