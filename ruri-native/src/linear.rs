@@ -908,12 +908,20 @@ impl MlpScratch {
 /// Rows of the MLP computed together: Wi's output for them (`MLP_CHUNK × 2·intermediate`)
 /// stays in L2.
 const MLP_CHUNK: usize = 64;
+/// The same with a gated fp32 Wi, which stores no such output: its GeGLU goes straight into
+/// Wo's inputs (`rows × intermediate`). 96 rows are 16 whole tiles of the fp32 GEMM (64
+/// are 10 and a short one), and Wi and Wo (3 MB at fp32 for the 30m shape, more than L2)
+/// stream once per 96 rows. End to end 1.016× and 1.027× the 64-row calls on an Intel Xeon
+/// (9 and 7 rounds); int8 was 0.97× with 96 (BENCHMARKS.md, twentieth step).
+const MLP_CHUNK_GATED: usize = 96;
 
 /// ModernBERT's MLP with its residual, `x += Wo(GeGLU(Wi(LayerNorm(x))))`, over the rows
-/// of `x` (`rows × hidden`), [`MLP_CHUNK`] rows at a time: each row's LayerNorm is staged
-/// (quantized) for Wi as it is made, and each row of Wi's output goes through the GeGLU
-/// into Wo's staged input at once, so no `rows × intermediate` buffer is written or read.
-/// The same bits as the steps one after another over whole buffers.
+/// of `x` (`rows × hidden`), [`MLP_CHUNK`] rows at a time ([`MLP_CHUNK_GATED`] with a
+/// gated fp32 Wi): each row's LayerNorm is staged (quantized) for Wi as it is made, and Wi's
+/// output goes through the GeGLU into Wo's staged input at once (int8: row by row as it is
+/// dequantized; a gated fp32 Wi: tile by tile in its GEMM), so no `rows × 2·intermediate`
+/// buffer is written or read. The same bits as the steps one after another over whole
+/// buffers.
 pub(crate) fn geglu_mlp(
     wi: &Linear,
     wo: &Linear,
@@ -926,7 +934,11 @@ pub(crate) fn geglu_mlp(
     let i = wo.in_features();
     let MlpScratch { wi: si, wo: so, y } = s;
     y.resize(2 * i, 0.0);
-    for xs in x.chunks_mut(MLP_CHUNK * h) {
+    let chunk = match wi {
+        Linear::Fp32 { gated: true, .. } => MLP_CHUNK_GATED,
+        _ => MLP_CHUNK,
+    };
+    for xs in x.chunks_mut(chunk * h) {
         let rows = xs.len() / h;
         wi.begin(rows, si);
         for (r, row) in xs.chunks_exact(h).enumerate() {
@@ -1213,7 +1225,7 @@ mod tests {
             let wo: Vec<f32> = (0..h * u).map(|i| value(i + 9) * 0.3).collect();
             let (plain, gated) = (Linear::fp32(&wi, 2 * u, h), Linear::fp32_gated(&wi, u, h));
             assert_eq!((gated.out_features(), gated.in_features()), (u, h));
-            for rows in [1, 9, MLP_CHUNK + 7] {
+            for rows in [1, 9, MLP_CHUNK + 7, MLP_CHUNK_GATED + 7] {
                 let x: Vec<f32> = (0..rows * h).map(|i| value(i + rows)).collect();
                 // The layer alone: the plain product, then the GeGLU value by value.
                 let mut y = vec![0.0; rows * 2 * u];
