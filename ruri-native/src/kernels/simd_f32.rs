@@ -1365,6 +1365,14 @@ mod tests {
         }
     }
 
+    /// `len` values in [−1, 1): `(i · step) mod period`, scaled (operands of the GEMM tests).
+    fn sawtooth(len: usize, step: usize, period: usize) -> Vec<f32> {
+        let half = (period / 2) as f32;
+        (0..len)
+            .map(|i| ((i * step) % period) as f32 / half - 1.0)
+            .collect()
+    }
+
     /// The packed fp32 GEMM, every version this CPU runs, against an f64 sum, on shapes
     /// with every kind of tail (rows, panels, strips), storing and accumulating.
     #[test]
@@ -1378,12 +1386,8 @@ mod tests {
             // Past one block of rows (`FP32_ROW_BLOCK`), with a short tile after it.
             (FP32_ROW_BLOCK + 5, 70, 9),
         ] {
-            let x: Vec<f32> = (0..rows * k)
-                .map(|i| ((i * 37) % 23) as f32 / 11.0 - 1.0)
-                .collect();
-            let w: Vec<f32> = (0..n * k)
-                .map(|i| ((i * 53) % 29) as f32 / 14.0 - 1.0)
-                .collect();
+            let x = sawtooth(rows * k, 37, 23);
+            let w = sawtooth(n * k, 53, 29);
             let packed = pack_fp32(&w, n, k);
             let runs = Fp32Isa::ALL.into_iter().filter(|isa| isa.available());
             for (isa, accumulate) in runs.flat_map(|isa| [(isa, false), (isa, true)]) {
@@ -1429,12 +1433,8 @@ mod tests {
             (13, 5, 64),
             (FP32_ROW_BLOCK + 5, 100, 9),
         ] {
-            let x: Vec<f32> = (0..rows * k)
-                .map(|i| ((i * 37) % 23) as f32 / 11.0 - 1.0)
-                .collect();
-            let w: Vec<f32> = (0..2 * n * k)
-                .map(|i| ((i * 53) % 29) as f32 / 14.0 - 1.0)
-                .collect();
+            let x = sawtooth(rows * k, 37, 23);
+            let w = sawtooth(2 * n * k, 53, 29);
             let (plain, gated) = (pack_fp32(&w, 2 * n, k), pack_fp32_gated(&w, n, k));
             let runs = Fp32Isa::ALL.into_iter().filter(|isa| isa.available());
             for (isa, accumulate) in runs.flat_map(|isa| [(isa, false), (isa, true)]) {
