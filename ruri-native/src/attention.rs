@@ -26,7 +26,7 @@ pub(crate) const QUERY_BLOCK: usize = 16;
 /// Queries of a block of bf16 attention on FMA tiles over a whole text (every query sees
 /// every key): each block widens its keys and values to f32 once for all its queries, and
 /// twice [`QUERY_BLOCK`] halves that work per query (BENCHMARKS.md, eighteenth step).
-const WIDE_BLOCK: usize = 2 * QUERY_BLOCK;
+pub(crate) const WIDE_BLOCK: usize = 2 * QUERY_BLOCK;
 /// Scores are computed in groups of this many keys (one AVX-512 vector).
 const KEY_GRAIN: usize = simd_f32::KEY_GROUP;
 

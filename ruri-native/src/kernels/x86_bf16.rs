@@ -200,11 +200,11 @@ pub(super) fn by_row_lanes(
     }
 }
 
-/// Rows whose maxes [`scores`] keeps lane by lane at once (a block of queries): as many
-/// as attention's widest block, so that the FMA tiles widen a block's keys once for all its
-/// queries (16 split the 32-query blocks of a long text in two, and widened every key
-/// twice: BENCHMARKS.md, twentieth step).
-const ROW_LANES: usize = 32;
+/// Rows whose maxes [`scores`] keeps lane by lane at once (a block of queries): attention's
+/// widest block, so that the FMA tiles widen a block's keys once for all its queries (16
+/// split the 32-query blocks of a long text in two, and widened every key twice:
+/// BENCHMARKS.md, twentieth step).
+const ROW_LANES: usize = crate::attention::WIDE_BLOCK;
 
 #[target_feature(enable = "avx512f,avx512bf16")]
 #[allow(clippy::too_many_arguments)]
