@@ -45,7 +45,8 @@ struct Args {
     /// (native_int8 and native_int8_table8 read from the folder's model.ruri-int8.safetensors,
     /// written by `ruri quantize` with the same embedding table), candle_f32, candle_bf16.
     /// A native system's name followed by `_bf16attn` (native_int8_bf16attn, …) runs
-    /// attention's products in bf16 (`AttentionPrecision::Bf16`).
+    /// attention's products in bf16 (`AttentionPrecision::Bf16`), by `_int13attn` in 13-bit
+    /// integers (`AttentionPrecision::Int13`).
     #[arg(long, default_value = "native_int8,native_fp32")]
     systems: String,
     /// Timed passes over the documents (the median is reported).
@@ -132,10 +133,17 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 
 fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn Embedder>, String> {
     let describe = |e: ruri::Error| ruri::error_chain(&e).to_string();
-    let (system, attention) = match system.strip_suffix("_bf16attn") {
-        Some(base) if base.starts_with("native_") => (base, ruri::native::AttentionPrecision::Bf16),
-        Some(_) => return Err(format!("{system}: only native systems take _bf16attn")),
-        None => (system, ruri::native::AttentionPrecision::F32),
+    use ruri::native::AttentionPrecision;
+    let suffixed = [
+        ("_bf16attn", AttentionPrecision::Bf16),
+        ("_int13attn", AttentionPrecision::Int13),
+    ]
+    .into_iter()
+    .find_map(|(suffix, a)| Some((system.strip_suffix(suffix)?, suffix, a)));
+    let (system, attention) = match suffixed {
+        Some((base, _, a)) if base.starts_with("native_") => (base, a),
+        Some((_, suffix, _)) => return Err(format!("{system}: only native systems take {suffix}")),
+        None => (system, AttentionPrecision::F32),
     };
     let mut batching = ruri::BatchOptions::default();
     if let Some(t) = args.max_batch_tokens {

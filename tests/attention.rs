@@ -1,6 +1,6 @@
 //! The loader's `attention` option (`EmbedderConfig::attention`) reaches the native engine:
-//! bf16 attention loads the tiny model at fp32 and int8, the engine reports it, and on a
-//! long text it moves the vector a little, never far.
+//! bf16 and int13 attention load the tiny model at fp32 and int8, the engine reports them,
+//! and on a long text each moves the vector a little, never far.
 
 use ruri::native::NativeBackend;
 use ruri::{AttentionPrecision, BackendKind, EmbedOptions, EmbedderConfig, Precision, Task};
@@ -26,9 +26,9 @@ fn config(precision: Precision, attention: AttentionPrecision) -> EmbedderConfig
 }
 
 #[test]
-fn bf16_attention_loads_at_fp32_and_int8_and_reaches_the_engine() {
+fn every_attention_precision_loads_at_fp32_and_int8_and_reaches_the_engine() {
     for precision in [Precision::Fp32, Precision::Int8] {
-        for attention in [AttentionPrecision::F32, AttentionPrecision::Bf16] {
+        for &attention in AttentionPrecision::ALL {
             let embedder = config(precision, attention)
                 .build_from_dir(tiny_model_dir())
                 .unwrap_or_else(|e| panic!("{precision} {attention}: {e}"));
@@ -37,7 +37,8 @@ fn bf16_attention_loads_at_fp32_and_int8_and_reaches_the_engine() {
                 .expect("backend native");
             let wanted = match attention {
                 AttentionPrecision::F32 => ruri::native::AttentionPrecision::F32,
-                _ => ruri::native::AttentionPrecision::Bf16,
+                AttentionPrecision::Bf16 => ruri::native::AttentionPrecision::Bf16,
+                _ => ruri::native::AttentionPrecision::Int13,
             };
             assert_eq!(native.attention(), wanted, "{precision} {attention}");
             let query = embedder.embed_query("瑠璃色はどんな色？").unwrap();
@@ -50,13 +51,13 @@ fn bf16_attention_loads_at_fp32_and_int8_and_reaches_the_engine() {
     }
 }
 
-/// bf16 attention rounds q, k, v and the probabilities: on a long text the vector differs
-/// from f32's, but only slightly. May fail while the engine side of the option is not in.
+/// bf16 and int13 attention round q, k, v and the probabilities: on a long text the vector
+/// differs from f32's, but only slightly.
 #[test]
-fn bf16_attention_moves_a_long_texts_vector_slightly() {
+fn quantized_attention_moves_a_long_texts_vector_slightly() {
     let options = EmbedOptions::new(Task::Document).normalize(true);
     let mut vectors = Vec::new();
-    for attention in [AttentionPrecision::F32, AttentionPrecision::Bf16] {
+    for &attention in AttentionPrecision::ALL {
         let embedder = config(Precision::Int8, attention)
             .build_from_dir(tiny_model_dir())
             .unwrap();
@@ -70,12 +71,14 @@ fn bf16_attention_moves_a_long_texts_vector_slightly() {
                 .into_vec(),
         );
     }
-    let (f32, bf16) = (&vectors[0], &vectors[1]);
-    let moved = max_abs_diff(f32, bf16);
-    assert!(moved > 0.0, "bf16 attention gave f32's vector");
-    let similarity = cosine(f32, bf16);
-    assert!(
-        similarity > 0.999,
-        "cosine {similarity} (largest change {moved})"
-    );
+    let f32 = &vectors[0];
+    for (quantized, attention) in vectors[1..].iter().zip(&AttentionPrecision::ALL[1..]) {
+        let moved = max_abs_diff(f32, quantized);
+        assert!(moved > 0.0, "{attention} attention gave f32's vector");
+        let similarity = cosine(f32, quantized);
+        assert!(
+            similarity > 0.999,
+            "{attention}: cosine {similarity} (largest change {moved})"
+        );
+    }
 }

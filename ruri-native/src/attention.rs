@@ -18,7 +18,17 @@
 
 use crate::kernels::aligned::Aligned;
 use crate::kernels::bf16;
+use crate::kernels::int13;
 use crate::kernels::simd_f32;
+
+/// How a head's two products are computed: [`crate::AttentionPrecision`], and for bf16 and
+/// int13 where their products run (the same bits anywhere).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Arithmetic {
+    F32,
+    Bf16(bf16::Products),
+    Int13(int13::Products),
+}
 
 /// Queries whose scores are computed together: each chunk of keys is loaded once for all,
 /// and a block's scores (`QUERY_BLOCK × keys in its windows`) stay in L2 on long texts.
@@ -56,6 +66,12 @@ pub(crate) struct AttentionScratch {
     q16: Vec<u32>,
     p16: Aligned<u16>,
     inv: [f32; WIDE_BLOCK],
+    /// int13 attention's scales (queries, keys, values) and a block's exact weighted sums
+    /// (`kernels::int13`); its packed operands are kt16, v16 and q16's.
+    q_scales: Vec<f32>,
+    k_scales: Aligned<f32>,
+    v_scales: Vec<f32>,
+    sums: Vec<i64>,
 }
 
 /// Texts of at most this many positions, all within the window of each other, take
@@ -71,21 +87,25 @@ const _: () = assert!(
 /// Attention of one head over `positions` (ascending), into `out`: row `i` is `d` values
 /// at `i · out_stride` (the head's columns of the context rows, written in place).
 ///
-/// `bf16`: [`crate::AttentionPrecision::Bf16`]'s products, where they run (every text then
-/// takes [`attend_bf16`]); `None`: f32.
+/// `arithmetic`: f32, or bf16's or int13's products where they run (every text then takes
+/// [`attend_bf16`] or [`attend_int13`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_head(
     head: &Head<'_>,
     positions: &[u32],
     window: usize,
     scale: f32,
-    bf16: Option<bf16::Products>,
+    arithmetic: Arithmetic,
     scratch: &mut AttentionScratch,
     out: &mut [f32],
     out_stride: usize,
 ) {
-    if let Some(products) = bf16 {
+    if let Arithmetic::Bf16(products) = arithmetic {
         attend_bf16(
+            head, positions, window, scale, products, scratch, out, out_stride,
+        );
+    } else if let Arithmetic::Int13(products) = arithmetic {
+        attend_int13(
             head, positions, window, scale, products, scratch, out, out_stride,
         );
     } else if positions.len() <= COLUMNS_MAX_LEN && within_window(positions, window) {
@@ -362,6 +382,77 @@ fn attend_bf16(
     });
 }
 
+/// [`crate::AttentionPrecision::Int13`]'s attention of one head (`kernels::int13` defines
+/// the arithmetic), in the blocks of [`attend_rows`], for texts of every length: q, k and v
+/// quantized and packed as 16-bit pairs, the softmax's weights as integers, the two
+/// products by `products`, the outputs scaled and normalized last.
+#[allow(clippy::too_many_arguments)]
+fn attend_int13(
+    head: &Head<'_>,
+    positions: &[u32],
+    window: usize,
+    scale: f32,
+    products: int13::Products,
+    scratch: &mut AttentionScratch,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let (len, d, stride) = (positions.len(), head.d, head.stride);
+    let AttentionScratch {
+        kt16,
+        v16,
+        q16,
+        p16,
+        scores,
+        inv,
+        q_scales,
+        k_scales,
+        v_scales,
+        sums,
+        ..
+    } = scratch;
+    int13::pack_keys(head.k, stride, len, d, kt16, k_scales);
+    int13::pack_values(head.v, stride, len, d, v16, v_scales);
+    let whole = within_window(positions, window);
+    // Every row's bits are the same in any block (its sums are exact integers over its own
+    // keys); a text within the window takes 32 queries a block, which read the keys and
+    // values half as often.
+    let block = if whole { WIDE_BLOCK } else { QUERY_BLOCK };
+    if sums.len() < block * d {
+        sums.resize(block * d, 0);
+    }
+    for_each_block(positions, window, block, |b| {
+        let (first, rows, lo, hi, width) = (b.first, b.rows, b.lo, b.hi, b.width);
+        // Every value of the block's scores and weights is written before it is read:
+        // grown, not cleared.
+        if scores.len() < rows * width {
+            scores.resize(rows * width, 0.0);
+        }
+        if p16.len() < rows * width {
+            p16.resize(rows * width, 0);
+        }
+        let s = &mut scores[..rows * width];
+        let p = &mut p16[..rows * width];
+        int13::pack_queries(&head.q[first * stride..], stride, rows, d, q16, q_scales);
+        let groups = width / bf16::LANES;
+        let (queries, keys) = ((&q16[..], &q_scales[..]), (&kt16[..], &k_scales[..]));
+        // A text within the window: every query's own keys are the text's (from `lo` = 0),
+        // so the tiles fold each row's max as they compute its scores.
+        let mut maxes = [f32::NEG_INFINITY; WIDE_BLOCK];
+        let row_max = whole.then_some((&mut maxes[..rows], len));
+        let range = (lo / bf16::LANES, groups);
+        products.scores(queries, rows, d, keys, range, s, row_max);
+        let maxes = whole.then_some(&maxes[..rows]);
+        bf16::softmax_int13(products, s, width, &b.own[..rows], scale, maxes, p, inv);
+        // Key pairs from `lo` (even) to `hi`, the last one completed by a zero weight.
+        let pairs = (hi - lo).div_ceil(2);
+        let sums = &mut sums[..rows * d];
+        products.weighted_sum(p, rows, width, v16, (lo / 2, pairs), d, sums);
+        let o = &mut out[first * out_stride..];
+        int13::finish(sums, rows, d, v_scales, &inv[..rows], o, out_stride);
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -475,7 +566,7 @@ mod tests {
                     &positions,
                     window,
                     0.125,
-                    Some(products),
+                    Arithmetic::Bf16(products),
                     &mut scratch,
                     &mut out[d..],
                     h,
@@ -490,6 +581,60 @@ mod tests {
             let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
             for products in bf16::Products::all().into_iter().skip(1) {
                 let tiles = run(products);
+                prop_assert_eq!(bits(&tiles), bits(&portable), "{:?}", products);
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+        /// int13 attention: the same bits from the portable loops and from the tiles this
+        /// CPU runs (scores, softmax and weighted sums), on texts within and beyond the
+        /// window, with gaps in the positions, heads of widths the tiles take and ones
+        /// they do not (past the tiles' i32 scores too); every output finite and near f32
+        /// attention's, the other columns kept.
+        #[test]
+        fn int13_products_give_the_same_bits_everywhere(
+            len in prop_oneof![1usize..=40, Just(97usize), Just(300usize)],
+            d in prop_oneof![Just(64usize), Just(16usize), Just(24usize), Just(160usize)],
+            window in prop_oneof![Just(8usize), Just(64usize), Just(usize::MAX / 2)],
+            gaps in any::<bool>(),
+            seed in any::<u64>(),
+            sharp in prop_oneof![Just(1.0f32), Just(6.0f32)],
+        ) {
+            let h = 2 * d + 16;
+            let qkv = values(seed, len * 3 * h, sharp);
+            let positions: Vec<u32> = (0..len as u32)
+                .map(|i| if gaps { i * 3 + i % 2 } else { i })
+                .collect();
+            let run = |arithmetic: Arithmetic| {
+                let head = Head {
+                    q: &qkv[d..],
+                    k: &qkv[h + d..],
+                    v: &qkv[2 * h + d..],
+                    stride: 3 * h,
+                    d,
+                };
+                let mut out = vec![UNWRITTEN; len * h];
+                let mut scratch = AttentionScratch::default();
+                attend_head(&head, &positions, window, 0.125, arithmetic, &mut scratch, &mut out[d..], h);
+                out
+            };
+            let portable = run(Arithmetic::Int13(int13::Products::Portable));
+            let exact = run(Arithmetic::F32);
+            for (row, f32_row) in portable.chunks_exact(h).zip(exact.chunks_exact(h)) {
+                prop_assert!(row[..d].iter().chain(&row[2 * d..]).all(|&x| x == UNWRITTEN));
+                prop_assert!(row[d..2 * d].iter().all(|x| x.is_finite()));
+                // Each output is a weighted average of values within ±2^sharp-ish: the 13-bit
+                // operands keep it within a few thousandths of the spread.
+                let spread = f32_row[d..2 * d].iter().fold(1.0f32, |m, x| m.max(x.abs()));
+                for (a, b) in row[d..2 * d].iter().zip(&f32_row[d..2 * d]) {
+                    prop_assert!((a - b).abs() <= 0.02 * spread, "{} against f32 {}", a, b);
+                }
+            }
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            for products in int13::Products::all().into_iter().skip(1) {
+                let tiles = run(Arithmetic::Int13(products));
                 prop_assert_eq!(bits(&tiles), bits(&portable), "{:?}", products);
             }
         }

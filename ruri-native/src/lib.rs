@@ -315,7 +315,7 @@ pub mod bench {
         positions: Vec<u32>,
         heads: usize,
         d: usize,
-        bf16: Option<crate::kernels::bf16::Products>,
+        arithmetic: crate::attention::Arithmetic,
         scratch: crate::attention::AttentionScratch,
         out: Vec<f32>,
     }
@@ -327,17 +327,35 @@ pub mod bench {
             Self::with_precision(len, heads, d, crate::AttentionPrecision::F32)
         }
 
-        /// [`new`](Self::new) with attention's products in `precision` (bf16: where this CPU
-        /// runs them fastest).
+        /// [`new`](Self::new) with attention's products in `precision` (bf16 and int13:
+        /// where this CPU runs them fastest).
         pub fn with_precision(
             len: usize,
             heads: usize,
             d: usize,
             precision: crate::AttentionPrecision,
         ) -> Self {
-            let bf16 = (precision == crate::AttentionPrecision::Bf16)
-                .then(crate::kernels::bf16::Products::detect);
-            Self::with_products(len, heads, d, bf16)
+            use crate::attention::Arithmetic;
+            use crate::kernels::{bf16, int13};
+            let arithmetic = match precision {
+                crate::AttentionPrecision::F32 => Arithmetic::F32,
+                crate::AttentionPrecision::Bf16 => Arithmetic::Bf16(bf16::Products::detect()),
+                crate::AttentionPrecision::Int13 => Arithmetic::Int13(int13::Products::detect()),
+            };
+            Self::with_products(len, heads, d, arithmetic)
+        }
+
+        /// [`new`](Self::new) with int13 attention in each place this CPU can run its
+        /// products (the same bits in each), named: `portable` (the loops every CPU runs),
+        /// `avx512vnni` (AVX-512 VNNI's `vpdpwssd` tiles).
+        pub fn int13_variants(len: usize, heads: usize, d: usize) -> Vec<(&'static str, Self)> {
+            crate::kernels::int13::Products::all()
+                .into_iter()
+                .map(|p| {
+                    let arithmetic = crate::attention::Arithmetic::Int13(p);
+                    (p.name(), Self::with_products(len, heads, d, arithmetic))
+                })
+                .collect()
         }
 
         /// [`new`](Self::new) with bf16 attention in each place this CPU can run its
@@ -347,7 +365,10 @@ pub mod bench {
         pub fn bf16_variants(len: usize, heads: usize, d: usize) -> Vec<(&'static str, Self)> {
             crate::kernels::bf16::Products::all()
                 .into_iter()
-                .map(|p| (p.name(), Self::with_products(len, heads, d, Some(p))))
+                .map(|p| {
+                    let arithmetic = crate::attention::Arithmetic::Bf16(p);
+                    (p.name(), Self::with_products(len, heads, d, arithmetic))
+                })
                 .collect()
         }
 
@@ -355,7 +376,7 @@ pub mod bench {
             len: usize,
             heads: usize,
             d: usize,
-            bf16: Option<crate::kernels::bf16::Products>,
+            arithmetic: crate::attention::Arithmetic,
         ) -> Self {
             let value =
                 |i: usize| ((i.wrapping_mul(2_654_435_761) >> 7) % 4001) as f32 / 1000.0 - 2.0;
@@ -364,7 +385,7 @@ pub mod bench {
                 positions: (0..len as u32).collect(),
                 heads,
                 d,
-                bf16,
+                arithmetic,
                 scratch: Default::default(),
                 out: vec![0.0; len * heads * d],
             }
@@ -389,7 +410,7 @@ pub mod bench {
                     &self.positions,
                     usize::MAX / 2,
                     scale,
-                    self.bf16,
+                    self.arithmetic,
                     &mut self.scratch,
                     out,
                     h,
@@ -529,6 +550,15 @@ pub enum AttentionPrecision {
     /// text takes it, short or long. See the crate's documentation for the exact
     /// definition.
     Bf16,
+    /// q and k quantized per row, v per channel, and the softmax's weights on a fixed
+    /// scale, all to 13-bit integers (±4,095), their products summed exactly in integers,
+    /// as AVX-512 VNNI's `vpdpwssd` does (twice FMA's multiply-adds a cycle): the fastest
+    /// attention on a long text where the CPU has that instruction, and closer to f32
+    /// attention than [`Bf16`](Self::Bf16) (BENCHMARKS.md, twenty-first step). The sums are
+    /// exact integers, so the bits are the same on every CPU and in any order of the sums;
+    /// CPUs without the instruction run portable loops. Every text takes it, short or long.
+    /// See the crate's documentation for the exact definition.
+    Int13,
 }
 
 impl std::fmt::Display for AttentionPrecision {
@@ -536,6 +566,7 @@ impl std::fmt::Display for AttentionPrecision {
         f.write_str(match self {
             AttentionPrecision::F32 => "f32",
             AttentionPrecision::Bf16 => "bf16",
+            AttentionPrecision::Int13 => "int13",
         })
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use ruri_core::config::AttentionKind;
 use ruri_core::{Error, ModelConfig, Result};
 
-use crate::attention::{AttentionScratch, Head, attend_head};
+use crate::attention::{Arithmetic, AttentionScratch, Head, attend_head};
 use crate::helper::Helper;
 use crate::kernels::Kernel;
 use crate::kernels::aligned::Aligned;
@@ -689,7 +689,7 @@ pub(crate) struct Model {
     rope_local: Rope,
     eps: f32,
     kernel: Option<Kernel>,
-    /// The kernel chosen, at either precision ([`Self::bf16_products`] reads it).
+    /// The kernel chosen, at either precision ([`Self::arithmetic`] reads it).
     kernel_choice: Kernel,
     attention: AttentionPrecision,
 }
@@ -846,16 +846,20 @@ impl Model {
         self.attention
     }
 
-    /// Where bf16 attention's products run (`None`: attention in f32): the portable loops
-    /// under [`Kernel::Scalar`] (plain Rust everywhere the instructions could differ, so
-    /// that the tests compare the tiles with them through the whole model), else the
+    /// How attention's products run: in f32, or bf16's or int13's products in the portable
+    /// loops under [`Kernel::Scalar`] (plain Rust everywhere the instructions could differ,
+    /// so that the tests compare the tiles with them through the whole model), else on the
     /// tiles where this CPU has them.
-    fn bf16_products(&self) -> Option<crate::kernels::bf16::Products> {
-        use crate::kernels::bf16::Products;
-        (self.attention == AttentionPrecision::Bf16).then(|| match self.kernel_choice {
-            Kernel::Scalar => Products::Portable,
-            _ => Products::detect(),
-        })
+    fn arithmetic(&self) -> Arithmetic {
+        use crate::kernels::{bf16, int13};
+        let scalar = self.kernel_choice == Kernel::Scalar;
+        match self.attention {
+            AttentionPrecision::F32 => Arithmetic::F32,
+            AttentionPrecision::Bf16 if scalar => Arithmetic::Bf16(bf16::Products::Portable),
+            AttentionPrecision::Bf16 => Arithmetic::Bf16(bf16::Products::detect()),
+            AttentionPrecision::Int13 if scalar => Arithmetic::Int13(int13::Products::Portable),
+            AttentionPrecision::Int13 => Arithmetic::Int13(int13::Products::detect()),
+        }
     }
 
     pub(crate) fn max_positions(&self) -> usize {
@@ -1003,7 +1007,7 @@ impl Model {
                 _ => rotate(qkv, positions),
             }
             let ctx = &mut s.ctx[range.start * h..range.end * h];
-            let precision = self.bf16_products();
+            let precision = self.arithmetic();
             attend(
                 qkv,
                 positions,
@@ -1093,7 +1097,7 @@ fn attend(
     positions: &[u32],
     (heads, d): (usize, usize),
     window: usize,
-    precision: Option<crate::kernels::bf16::Products>,
+    precision: Arithmetic,
     ctx: &mut [f32],
     pool: Option<&rayon::ThreadPool>,
     scratch: &mut AttentionScratch,
@@ -1123,7 +1127,7 @@ fn attend(
             // 2,308-token text it measured no faster, 1.02–1.04× main's time either way), and
             // its output into a buffer of its own (the heads' columns interleave in ctx's
             // rows), copied in afterwards.
-            // bf16 attention packs q, k and v from where they are: no copies.
+            // bf16 and int13 attention pack q, k and v from where they are: no copies.
             let mut outs: Vec<Vec<f32>> = vec![Vec::new(); heads];
             let head_of = &head_of;
             pool.scope(|s| {
@@ -1131,7 +1135,7 @@ fn attend(
                     s.spawn(move |_| {
                         out.resize(len * d, 0.0);
                         let scratch = &mut AttentionScratch::default();
-                        if precision.is_some() {
+                        if precision != Arithmetic::F32 {
                             let own = head_of(head);
                             attend_head(&own, positions, window, scale, precision, scratch, out, d);
                             return;

@@ -229,31 +229,44 @@ fn int8_matches_the_numpy_reference() {
     assert!(raw.max_abs_diff <= 1e-5, "{raw:?}");
 }
 
-/// bf16 attention (`AttentionPrecision::Bf16`) against `int8_reference.py --attention bf16`,
-/// which writes its definition in NumPy (`tiny_native_int8_bf16.json`), raw and normalized,
-/// with the default kernel and with each int8 kernel this CPU runs. 1e-5 is the bound of
-/// the f32-attention reference above.
+/// The quantized attentions against `int8_reference.py --attention bf16` and `--attention
+/// int13`, which write their definitions in NumPy (`tiny_native_int8_bf16.json`,
+/// `tiny_native_int8_int13.json`), raw and normalized, with the default kernel and with each
+/// int8 kernel this CPU runs (`Kernel::Scalar` runs attention's portable loops too). 1e-5 is
+/// the bound of the f32-attention reference above.
 #[test]
-fn int8_bf16_attention_matches_the_numpy_reference() {
+fn int8_bf16_and_int13_attention_match_the_numpy_references() {
     let reference = Reference::tiny();
-    let kernels = std::iter::once(None).chain(Kernel::available().into_iter().map(Some));
-    for kernel in kernels {
-        let e = embedder_with(Precision::Int8, kernel, 1, AttentionPrecision::Bf16);
-        let (raw, normalized) = against_numpy(&e, &reference.items, "tiny_native_int8_bf16.json");
-        let name = kernel.map_or("default".to_owned(), |k| k.to_string());
-        println!(
-            "int8, bf16 attention, {name} kernel, vs NumPy: raw {raw:?}; normalized {normalized:?}"
-        );
-        assert!(normalized.max_abs_diff <= 1e-5, "{name}: {normalized:?}");
-        assert!(raw.max_abs_diff <= 1e-5, "{name}: {raw:?}");
+    for (attention, file) in QUANTIZED_ATTENTION {
+        let kernels = std::iter::once(None).chain(Kernel::available().into_iter().map(Some));
+        for kernel in kernels {
+            let e = embedder_with(Precision::Int8, kernel, 1, attention);
+            let (raw, normalized) = against_numpy(&e, &reference.items, file);
+            let name = kernel.map_or("default".to_owned(), |k| k.to_string());
+            println!(
+                "int8, {attention} attention, {name} kernel, vs NumPy: raw {raw:?}; normalized \
+                 {normalized:?}"
+            );
+            assert!(
+                normalized.max_abs_diff <= 1e-5,
+                "{attention} {name}: {normalized:?}"
+            );
+            assert!(raw.max_abs_diff <= 1e-5, "{attention} {name}: {raw:?}");
+        }
     }
 }
+
+/// The quantized attention precisions and their NumPy references for the tiny model.
+const QUANTIZED_ATTENTION: [(AttentionPrecision, &str); 2] = [
+    (AttentionPrecision::Bf16, "tiny_native_int8_bf16.json"),
+    (AttentionPrecision::Int13, "tiny_native_int8_int13.json"),
+];
 
 /// A text of 1,709 tokens (`testdata/reference/tiny_long.json`, from
 /// `tools/testdata/make_long_reference.py`): past the 512 tokens of the other items, and past
 /// the 1,024 rotary angles the engine caches (those beyond are computed per call, on the
 /// workers from 512 new positions on), where no other test compares it with Python. fp32
-/// against sentence-transformers, int8 against the NumPy references with f32 and with bf16
+/// against sentence-transformers, int8 against the NumPy references with f32, bf16 and int13
 /// attention; on one thread and on three, the same bits.
 #[test]
 fn a_text_past_the_rotary_cache_matches_python() {
@@ -280,6 +293,12 @@ fn a_text_past_the_rotary_cache_matches_python() {
             AttentionPrecision::Bf16,
             int8("tiny_long_native_int8_bf16.json"),
             "NumPy int8, bf16 attention",
+        ),
+        (
+            Precision::Int8,
+            AttentionPrecision::Int13,
+            int8("tiny_long_native_int8_int13.json"),
+            "NumPy int8, int13 attention",
         ),
     ];
     let folder = LongItem::model();
@@ -332,34 +351,36 @@ fn a_text_past_the_rotary_cache_matches_python() {
     }
 }
 
-/// bf16 attention keeps int8's promise: a text's bits do not depend on the batch it is in or
-/// on the number of threads.
+/// bf16 and int13 attention keep int8's promise: a text's bits do not depend on the batch it
+/// is in or on the number of threads.
 #[test]
-fn int8_bf16_attention_bits_are_the_same_alone_batched_and_threaded() {
+fn int8_bf16_and_int13_attention_bits_are_the_same_alone_batched_and_threaded() {
     let reference = Reference::tiny();
-    let one = embedder_with(Precision::Int8, None, 1, AttentionPrecision::Bf16);
-    let expected = alone(&one, &reference.items);
-    for threads in [1, 3] {
-        let e = embedder_with(Precision::Int8, None, threads, AttentionPrecision::Bf16);
-        assert_eq!(
-            alone(&e, &reference.items),
-            expected,
-            "{threads} threads, alone"
-        );
-        assert_eq!(
-            batched(&e, &reference.items),
-            expected,
-            "{threads} threads, batched"
-        );
+    for (attention, _) in QUANTIZED_ATTENTION {
+        let one = embedder_with(Precision::Int8, None, 1, attention);
+        let expected = alone(&one, &reference.items);
+        for threads in [1, 3] {
+            let e = embedder_with(Precision::Int8, None, threads, attention);
+            assert_eq!(
+                alone(&e, &reference.items),
+                expected,
+                "{attention}, {threads} threads, alone"
+            );
+            assert_eq!(
+                batched(&e, &reference.items),
+                expected,
+                "{attention}, {threads} threads, batched"
+            );
+        }
     }
 }
 
-/// bf16 attention is another computation (the long items, over two local windows, differ
-/// from f32 attention's) and a close one: min cosine ≥ 0.999 between the two, at each
+/// bf16 and int13 attention are other computations (the long items, over two local windows,
+/// differ from f32 attention's) and close ones: min cosine ≥ 0.999 to f32 attention, at each
 /// precision. Measured: see the printed figures (the NumPy references: 0.9999998 at int8 on
-/// the long items).
+/// the long items with bf16 attention).
 #[test]
-fn bf16_attention_differs_from_f32_on_long_items_but_stays_close() {
+fn quantized_attention_differs_from_f32_on_long_items_but_stays_close() {
     let reference = Reference::tiny();
     let long: Vec<Item> = reference
         .items
@@ -370,24 +391,27 @@ fn bf16_attention_differs_from_f32_on_long_items_but_stays_close() {
     assert!(long.len() >= 3, "{} long items", long.len());
     for precision in [Precision::Int8, Precision::Fp32] {
         let f32_attention = alone(&embedder(precision, None, 1), &long);
-        let bf16_attention = alone(
-            &embedder_with(precision, None, 1, AttentionPrecision::Bf16),
-            &long,
-        );
-        let mut agreement = Agreement::new();
-        for ((item, a), b) in long.iter().zip(&f32_attention).zip(&bf16_attention) {
-            assert_ne!(
-                a, b,
-                "{precision}: {} is the same with bf16 attention",
-                item.id
+        for (attention, _) in QUANTIZED_ATTENTION {
+            let quantized = alone(&embedder_with(precision, None, 1, attention), &long);
+            let mut agreement = Agreement::new();
+            for ((item, a), b) in long.iter().zip(&f32_attention).zip(&quantized) {
+                assert_ne!(
+                    a, b,
+                    "{precision}: {} is the same with {attention} attention",
+                    item.id
+                );
+                agreement.add(b, a);
+            }
+            println!(
+                "{precision}, {attention} vs f32 attention, {} items over 128 tokens: \
+                 {agreement:?}",
+                long.len()
             );
-            agreement.add(b, a);
+            assert!(
+                agreement.min_cosine >= 0.999,
+                "{precision} {attention}: {agreement:?}"
+            );
         }
-        println!(
-            "{precision}, bf16 vs f32 attention, {} items over 128 tokens: {agreement:?}",
-            long.len()
-        );
-        assert!(agreement.min_cosine >= 0.999, "{precision}: {agreement:?}");
     }
 }
 

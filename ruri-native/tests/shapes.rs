@@ -1,7 +1,7 @@
 //! The native engine at every real Ruri v3 shape (30m, 70m, 130m, 310m; `testdata/shapes/`,
 //! weights rebuilt from their PRNG recipe): fp32 against sentence-transformers within 1e-5, and
 //! int8 on the 30m shape against `tools/testdata/int8_reference.py` (NumPy, the same integer
-//! scheme and float order, written independently), with f32 attention and with bf16 attention.
+//! scheme and float order, written independently), with f32, bf16 and int13 attention.
 
 use ruri_core::{EmbedOptions, Task, TextEmbedder};
 use ruri_native::{AttentionPrecision, Precision};
@@ -101,6 +101,21 @@ fn int8_bf16_attention_matches_the_numpy_reference_at_the_30m_shape() {
         int8_against_numpy_at_the_30m_shape(AttentionPrecision::Bf16, "30m_native_int8_bf16.json");
     println!(
         "30m int8, bf16 attention, vs NumPy (raw): {raw:?}; vs sentence-transformers fp32: {st:?}"
+    );
+    assert!(raw.max_abs_diff <= 1e-5, "{raw:?}");
+    assert!(st.min_cosine >= 0.995, "{st:?}");
+}
+
+/// The same with int13 attention, against `int8_reference.py --attention int13`
+/// (`30m_native_int8_int13.json`, every item of the 30m reference).
+#[test]
+fn int8_int13_attention_matches_the_numpy_reference_at_the_30m_shape() {
+    let (raw, st) = int8_against_numpy_at_the_30m_shape(
+        AttentionPrecision::Int13,
+        "30m_native_int8_int13.json",
+    );
+    println!(
+        "30m int8, int13 attention, vs NumPy (raw): {raw:?}; vs sentence-transformers fp32: {st:?}"
     );
     assert!(raw.max_abs_diff <= 1e-5, "{raw:?}");
     assert!(st.min_cosine >= 0.995, "{st:?}");

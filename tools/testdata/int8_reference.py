@@ -44,6 +44,18 @@ head, with Q, K, V = bf16(q), bf16(k), bf16(v) (q and k after RoPE):
   * out[i][c]: dp over the key pairs (2p+1, 2p) in ascending p, from +0, P and V taken as 0
     at index n when n is odd; then f32(out[i][c] * f32(1 / total_i)).
 
+`--attention int13` computes attention as the engine's `AttentionPrecision::Int13` is defined
+(everything else unchanged), with L = 4095. A row x of q or of k (one position of one head; q
+and k after RoPE) has m = max|x|, t = f32(L / m) and scale f32(m / L); a value becomes
+rint(f32(x * t)) (ties to even), clipped to [-L, L]. A row of zeros has scale 0, one holding
+NaN or infinity scale NaN. v is quantized the same way per channel (column) over the text's
+positions, with the scale f32(f32(m / L) / L). Per head:
+  * s[i][j] = f32(f32(f32(sum_c qi[c] kj[c]) * scale_k[j]) * scale_q[i]), the sum exact;
+  * the softmax as bf16 attention's (c, m, e_j, the 16 partial sums and 1 / total), with the
+    weights W[i][j] = rint(f32(e_j * L)) (ties to even; integers 0..L), 0 outside J_i;
+  * out[i][c] = f32(f32(f32(sum_j W[i][j] vq[j][c]) * scale_v[c]) * f32(1 / total_i)), the sum
+    exact.
+
     .venv-testdata/bin/python tools/testdata/int8_reference.py \\
         --model testdata/tiny --tokens testdata/reference/tiny.json \\
         --out testdata/reference/tiny_native_int8.json
@@ -56,6 +68,12 @@ head, with Q, K, V = bf16(q), bf16(k), bf16(v) (q and k after RoPE):
     .venv-testdata/bin/python tools/testdata/int8_reference.py --attention bf16 \\
         --shape 30m --tokens testdata/reference/shapes/30m.json \\
         --out testdata/reference/shapes/30m_native_int8_bf16.json
+    .venv-testdata/bin/python tools/testdata/int8_reference.py --attention int13 \\
+        --model testdata/tiny --tokens testdata/reference/tiny.json \\
+        --out testdata/reference/tiny_native_int8_int13.json
+    .venv-testdata/bin/python tools/testdata/int8_reference.py --attention int13 \\
+        --shape 30m --tokens testdata/reference/shapes/30m.json \\
+        --out testdata/reference/shapes/30m_native_int8_int13.json
 
 --shape rebuilds the weights of testdata/shapes/<size>/ from their recipe (tools/testdata/shapes.py).
 Token ids come from the reference file (what sentence-transformers fed the model).
@@ -292,6 +310,48 @@ def attend_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, far: np.ndarray | N
     return (out * inv[:, None]).astype(F)
 
 
+INT13_LEVELS = 4095
+
+
+def quantize_int13(x: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """int13 attention's quantization (see the docstring) of the rows (axis=1) or the columns
+    (axis=0) of x: the integers (int64) and the scales (float32, broadcastable against x)."""
+    x = x.astype(F)
+    levels = F(INT13_LEVELS)
+    a = np.abs(x)
+    m = np.where(np.isnan(a).any(axis=axis, keepdims=True), F(np.nan),
+                 a.max(axis=axis, keepdims=True)).astype(F)
+    ok = (m > 0) & np.isfinite(m)
+    safe = np.where(ok, m, F(1)).astype(F)
+    t = np.where(ok, (levels / safe).astype(F), F(0)).astype(F)
+    scale = np.where(ok, (safe / levels).astype(F), np.where(m == 0, F(0), F(np.nan))).astype(F)
+    with np.errstate(invalid="ignore"):
+        y = np.clip(np.rint((x * t).astype(F)), -levels, levels)
+    return np.nan_to_num(y, nan=0.0).astype(np.int64), scale
+
+
+def attend_int13(q: np.ndarray, k: np.ndarray, v: np.ndarray, far: np.ndarray | None,
+                 scale: np.float32) -> np.ndarray:
+    """One head, int13 attention (see the docstring): q, k, v (n, d) float32; far[i, j] marks
+    the keys outside query i's window (None: every key is its own)."""
+    n, d = q.shape
+    qq, sq = quantize_int13(q, 1)
+    kq, sk = quantize_int13(k, 1)
+    vq, sv = quantize_int13(v, 0)
+    sv = (sv / F(INT13_LEVELS)).astype(F)
+    dots = (qq @ kq.T).astype(F)
+    s = ((dots * sk.reshape(1, n)).astype(F) * sq.reshape(n, 1)).astype(F)
+    own = np.ones((n, n), dtype=bool) if far is None else ~far
+    c = (scale * F(math.log2(math.e))).astype(F)
+    m = (np.where(own, s, F(-np.inf)).max(axis=1) * c).astype(F)
+    t = (s * c).astype(F)
+    e = np.where(own, exp2_nonpositive((t - m[:, None]).astype(F)), F(0)).astype(F)
+    inv = (F(1) / partial_sum_by_key(e)).astype(F)
+    weights = np.where(own, np.rint((e * F(INT13_LEVELS)).astype(F)), 0).astype(np.int64)
+    sums = (weights @ vq).astype(F)
+    return ((sums * sv).astype(F) * inv[:, None]).astype(F)
+
+
 def layer_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     x = x.astype(F)
     mean = (lane_sum(x) / F(x.shape[1])).astype(F)
@@ -373,6 +433,10 @@ def embed(ids: list[int], w: dict, cfg: dict, layers: list[dict]) -> np.ndarray:
                 ctx[:, head] = attend_bf16(q[:, head], k[:, head], v[:, head],
                                            None if is_global else far, scale)
                 continue
+            if ATTENTION == "int13":
+                ctx[:, head] = attend_int13(q[:, head], k[:, head], v[:, head],
+                                            None if is_global else far, scale)
+                continue
             # q.k summed over the head's channels one after another.
             s = np.zeros((n, n), dtype=F)
             for c in range(d):
@@ -423,8 +487,8 @@ def main() -> None:
     ap.add_argument("--tokens", required=True, help="a reference JSON whose items have token_ids")
     ap.add_argument("--out", required=True)
     ap.add_argument("--exact-erf", action="store_true", help="math.erf in GELU (see above)")
-    ap.add_argument("--attention", choices=("f32", "bf16"), default="f32",
-                    help="attention's products in float32 (default) or bf16 (see above)")
+    ap.add_argument("--attention", choices=("f32", "bf16", "int13"), default="f32",
+                    help="attention's products in float32 (default), bf16 or int13 (see above)")
     args = ap.parse_args()
     global EXACT_ERF, ATTENTION
     EXACT_ERF = args.exact_erf
@@ -451,9 +515,13 @@ def main() -> None:
     generator = dict(command="tools/testdata/int8_reference.py " + " ".join(sys.argv[1:]),
                      erf="math.erf" if EXACT_ERF else "x P(x^2) / Q(x^2), degree 5/5, float32 (ruri-native math.rs)",
                      versions=dict(numpy=version("numpy"), python=sys.version.split()[0]))
-    if ATTENTION != "f32":  # (files without the key: f32 attention)
+    if ATTENTION == "bf16":  # (files without the key: f32 attention)
         generator["attention"] = ("bf16: q, k, v and the probabilities rounded to bfloat16, "
                                   "products summed in pairs as VDPBF16PS (see the docstring)")
+    if ATTENTION == "int13":
+        generator["attention"] = ("int13: q and k per row, v per channel, the weights on "
+                                  "0..4095, all integers, their products summed exactly "
+                                  "(see the docstring)")
     outliers = {f"layers.{i}.{k}": L[k].outliers for i, L in enumerate(layers) for k in ("wqkv", "wi")}
     writers = {f"layers.{i}.{k}": L[k].writers for i, L in enumerate(layers) for k in ("wo", "mlp_wo")}
     Path(args.out).write_text(json.dumps(dict(generator=generator, outliers=outliers, writers=writers,

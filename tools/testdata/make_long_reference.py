@@ -14,6 +14,9 @@ int8_reference.py then writes ruri-native's int8 references from its token ids:
     .venv-testdata/bin/python tools/testdata/int8_reference.py --attention bf16 \\
         --model testdata/tiny --tokens testdata/reference/tiny_long.json \\
         --out testdata/reference/tiny_long_native_int8_bf16.json
+    .venv-testdata/bin/python tools/testdata/int8_reference.py --attention int13 \\
+        --model testdata/tiny --tokens testdata/reference/tiny_long.json \\
+        --out testdata/reference/tiny_long_native_int8_int13.json
 
 The text is this project's own prose (below), numbered paragraphs repeated until the
 tokens reach --tokens; no corpus text.

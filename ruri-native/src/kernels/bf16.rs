@@ -182,6 +182,13 @@ multiversion! {
     fn softmax / softmax_body(products: Products, s: &[f32], width: usize, own: &[(usize, usize)], scale: f32, maxes: Option<&[f32]>, p: &mut [u16], inv: &mut [f32])
 }
 
+multiversion! {
+    /// [`softmax`] with [`AttentionPrecision::Int13`](crate::AttentionPrecision::Int13)'s
+    /// weights: each `e` as the integer `rint(4095 · e)` (0..=4,095) instead of its
+    /// bfloat16; the exps, the totals and `inv` are [`softmax`]'s bits.
+    fn softmax_int13 / softmax_int13_body(products: super::int13::Products, s: &[f32], width: usize, own: &[(usize, usize)], scale: f32, maxes: Option<&[f32]>, p: &mut [u16], inv: &mut [f32])
+}
+
 /// [`exp2_nonpositive`]'s polynomial `1 + f·(B1 + f·(B2 + f·(B3 + f·B4)))`: B1..B4.
 pub(crate) const EXP2_COEFFICIENTS: [f32; 4] =
     [0.693_124_2, 0.240_240_99, 0.055_906_43, 0.009_582_851];
@@ -746,7 +753,18 @@ fn fold_row_maxes_body(s: &[f32], width: usize, keys: usize, max: &mut [f32]) {
 multiversion! {
     /// The softmax's blocks of own keys in this module's loops (what `x86_bf16`'s are
     /// checked against).
-    fn softmax_blocks_portable / softmax_blocks_body(blocks: &[[f32; LANES]], weights: &mut [[u16; LANES]], cm: (f32, f32), partial: &mut [f32; LANES])
+    fn softmax_blocks_portable / softmax_blocks_bf16_body(blocks: &[[f32; LANES]], weights: &mut [[u16; LANES]], cm: (f32, f32), partial: &mut [f32; LANES])
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn softmax_blocks_bf16_body(
+    blocks: &[[f32; LANES]],
+    weights: &mut [[u16; LANES]],
+    cm: (f32, f32),
+    partial: &mut [f32; LANES],
+) {
+    softmax_blocks_body::<false>(blocks, weights, cm, partial)
 }
 
 multiversion! {
@@ -1063,9 +1081,10 @@ fn own_max(
 }
 
 /// The softmax's blocks of own keys only: lane `i` of each block in turn, `e =
-/// 2^(x · c − max)` added to `partial[i]`, its weight `to_bf16(e)`.
+/// 2^(x · c − max)` added to `partial[i]`, its weight `to_bf16(e)` (`INT13`:
+/// [`int13_weight`]).
 #[inline(always)]
-fn softmax_blocks_body(
+fn softmax_blocks_body<const INT13: bool>(
     blocks: &[[f32; LANES]],
     weights: &mut [[u16; LANES]],
     (c, max): (f32, f32),
@@ -1075,7 +1094,7 @@ fn softmax_blocks_body(
         for ((w, acc), &x) in w.iter_mut().zip(partial.iter_mut()).zip(block) {
             let e = exp2_nonpositive(x * c - max);
             *acc += e;
-            *w = weight(e);
+            *w = if INT13 { int13_weight(e) } else { weight(e) };
         }
     }
 }
@@ -1084,6 +1103,59 @@ fn softmax_blocks_body(
 #[allow(clippy::too_many_arguments)]
 fn softmax_body(
     products: Products,
+    s: &[f32],
+    width: usize,
+    own: &[(usize, usize)],
+    scale: f32,
+    maxes: Option<&[f32]>,
+    p: &mut [u16],
+    inv: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    let tiles = products.softmax_tiles();
+    #[cfg(not(target_arch = "x86_64"))]
+    let tiles = {
+        let _ = products;
+        false
+    };
+    softmax_rows::<false>(tiles, s, width, own, scale, maxes, p, inv)
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn softmax_int13_body(
+    products: super::int13::Products,
+    s: &[f32],
+    width: usize,
+    own: &[(usize, usize)],
+    scale: f32,
+    maxes: Option<&[f32]>,
+    p: &mut [u16],
+    inv: &mut [f32],
+) {
+    // `x86_bf16`'s softmax tiles round to bfloat16: int13's tiles run where its products
+    // do (`x86_int13::softmax_blocks`).
+    let tiles = products != super::int13::Products::Portable;
+    softmax_rows::<true>(tiles, s, width, own, scale, maxes, p, inv)
+}
+
+/// [`AttentionPrecision::Int13`](crate::AttentionPrecision::Int13)'s weight of an exp `e`
+/// (in [0, 1], or NaN): `rint(4095 · e)`, ties to even, read from the bits of `4095 · e +
+/// 1.5 · 2²³` (an f32 in [2²³, 2²⁴), whose last bit is 1: its significand is the integer;
+/// a conversion to u16 made the loop scalar). A NaN gives some weight; it came from a NaN
+/// score, which made the row's total, and so its every output, NaN.
+#[inline(always)]
+fn int13_weight(e: f32) -> u16 {
+    let shifted = e * super::int13::LEVELS_F32 + ROUND_MAGIC;
+    shifted.to_bits().wrapping_sub(ROUND_MAGIC.to_bits()) as u16
+}
+
+/// [`softmax_body`] (`INT13`: [`softmax_int13_body`]); `tiles`: the whole blocks on
+/// `x86_bf16`'s tiles (`x86_int13`'s with `INT13`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn softmax_rows<const INT13: bool>(
+    tiles: bool,
     s: &[f32],
     width: usize,
     own: &[(usize, usize)],
@@ -1137,23 +1209,28 @@ fn softmax_body(
                 let e = exp2_nonpositive(x * c - max);
                 let e = if own { e } else { 0.0 };
                 *acc += e;
-                *w = weight(e);
+                *w = if INT13 { int13_weight(e) } else { weight(e) };
             }
         };
         if masked(b_lo) {
             masked_block(b_lo, &mut weights[b_lo], &mut partial);
         }
-        match products {
+        match () {
             #[cfg(target_arch = "x86_64")]
-            _ if products.softmax_tiles() && whole_lo < whole_hi => {
-                super::x86_bf16::softmax_blocks(
-                    &blocks[whole_lo..whole_hi],
-                    &mut weights[whole_lo..whole_hi],
-                    (c, max),
-                    &mut partial,
-                )
-            }
-            _ if whole_lo < whole_hi => softmax_blocks_body(
+            _ if INT13 && tiles && whole_lo < whole_hi => super::x86_int13::softmax_blocks(
+                &blocks[whole_lo..whole_hi],
+                &mut weights[whole_lo..whole_hi],
+                (c, max),
+                &mut partial,
+            ),
+            #[cfg(target_arch = "x86_64")]
+            _ if tiles && whole_lo < whole_hi => super::x86_bf16::softmax_blocks(
+                &blocks[whole_lo..whole_hi],
+                &mut weights[whole_lo..whole_hi],
+                (c, max),
+                &mut partial,
+            ),
+            _ if whole_lo < whole_hi => softmax_blocks_body::<INT13>(
                 &blocks[whole_lo..whole_hi],
                 &mut weights[whole_lo..whole_hi],
                 (c, max),

@@ -34,6 +34,7 @@
 mod aarch64;
 pub(crate) mod aligned;
 pub(crate) mod bf16;
+pub(crate) mod int13;
 pub(crate) mod simd_f32;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod wasm;
@@ -47,6 +48,8 @@ mod x86_bf16;
 mod x86_bf16_avx2;
 #[cfg(target_arch = "x86_64")]
 mod x86_f32;
+#[cfg(target_arch = "x86_64")]
+mod x86_int13;
 
 use std::fmt;
 use std::str::FromStr;

@@ -302,7 +302,7 @@ unsafe fn score_tile<const R: usize, const N: usize>(
 /// (`a > m ? a : m`: a NaN score is left out, as the softmax's own max does).
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn store_scores<const R: usize, const N: usize>(
+pub(super) unsafe fn store_scores<const R: usize, const N: usize>(
     acc: &[[__m512; N]; R],
     out: *mut f32,
     width: usize,
@@ -402,7 +402,7 @@ unsafe fn softmax_tiles(
 /// block order.
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn exps<const K: usize>(
+pub(super) unsafe fn exps<const K: usize>(
     x: *const f32,
     (c, max): (__m512, __m512),
     acc: &mut __m512,

@@ -19,6 +19,12 @@ move when they are quantized, before anyone builds it:
   * qk8+pvu8 the same with probabilities on 0..255 (scale max/255: unsigned, as AMX/VNNI take
              their left operand);
   * qk8+pvbf bf16 probabilities and values (round to nearest even), products summed in f32;
+  * qk13     scores from 13-bit q and k (±4,095 per row, as qk8 otherwise): exact in i32 with
+             16-bit multiply-adds; qk16 the same on ±32,767;
+  * qk13+pv13 and the weighted sum from probabilities on 0..4,095 per row and values on
+             ±4,095 per channel (sums of 32 such products fit i32); +pv16 on 32,767;
+  * qk13+pe12 the exps (largest 1) on 0..4,095, values on ±4,095 per channel, divided by the
+             rounded exps' total (all integer until that division); +pe15 the exps on 0..32,767;
   * qkbf     scores from bf16 q and k (products exact in f32, summed in f32);
   * pvbf     f32 scores, bf16 probabilities and values; qkbf+pvbf both.
 A bf16 product is exact in f32, so a fused multiply-add gives the same bits as a multiply and
@@ -90,6 +96,12 @@ def bf16(x):
     return b.astype(np.uint32).view(F)
 
 
+# Integer scores wider than int8: `qk13` is q and k on ±4,095 per row (13 bits: 64 products
+# of two such values and their pairwise sums stay inside i32, as `vpdpwssd`/`vpmaddwd` need),
+# `qk16` on ±32,767 (i64 sums; the bound of 16-bit operands).
+QK_LEVELS = {"qk13": 4095, "qk16": 32767}
+
+
 def attention(q, k, v, far, scale, variant):
     """One head: q, k, v (n, d) float32; far: (n, n) bool mask of keys outside the window."""
     if variant == "f64":
@@ -107,19 +119,32 @@ def attention(q, k, v, far, scale, variant):
         s = (bf16(q).astype(np.float64) @ bf16(k).astype(np.float64).T).astype(F)
     else:
         kk = k - k.mean(0, keepdims=True) if variant.startswith("qk8s") else k
-        qq, sq = quant_rows(q)
-        kq, sk = quant_rows(kk)
+        levels = QK_LEVELS.get(variant.split("+")[0], 127)
+        qq, sq = quant_rows(q, levels)
+        kq, sk = quant_rows(kk, levels)
         s = ((qq @ kq.T) * sq * sk.T).astype(F)
     s = (s * scale).astype(F)
     if far is not None:
         s = np.where(far, -np.inf, s)
     s = s - s.max(1, keepdims=True)
     p = np.exp(s)
+    if variant.endswith("+pe12") or variant.endswith("+pe15"):
+        # The exps as they are (the largest is 1) on a fixed integer scale, the values per
+        # channel, and the total of the rounded exps: every sum an integer until the end.
+        levels = 4095 if variant.endswith("12") else 32767
+        eq = np.rint(p.astype(F).astype(np.float64) * levels)
+        vq, sv = quant_rows(v, 4095, axis=0)
+        return ((eq @ vq) * sv / eq.sum(1, keepdims=True)).astype(F)
     p = (p / p.sum(1, keepdims=True)).astype(F)
     if variant.endswith("+pv8") or variant.endswith("+pvu8"):
         levels = 255 if variant.endswith("u8") else 127
         pq, sp = quant_rows(p, levels)
         vq, sv = quant_rows(v, 127, axis=0)
+        return ((pq @ vq) * sp * sv).astype(F)
+    if variant.endswith("+pv13") or variant.endswith("+pv16"):
+        levels = 4095 if variant.endswith("13") else 32767
+        pq, sp = quant_rows(p, levels)
+        vq, sv = quant_rows(v, levels, axis=0)
         return ((pq @ vq) * sp * sv).astype(F)
     if variant.endswith("pvbf"):
         return (bf16(p).astype(np.float64) @ bf16(v).astype(np.float64)).astype(F)

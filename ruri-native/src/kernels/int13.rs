@@ -1,0 +1,620 @@
+//! The arithmetic of [`AttentionPrecision::Int13`](crate::AttentionPrecision::Int13):
+//! attention's two products on 13-bit integers with exact integer sums, so that every
+//! instruction set (and every order of the sums) gives the same bits, and AVX-512 VNNI's
+//! `vpdpwssd` computes 32 multiply-adds an instruction (twice FMA's rate on the CPUs
+//! measured; BENCHMARKS.md, twenty-first step). More accurate than
+//! [`AttentionPrecision::Bf16`](crate::AttentionPrecision::Bf16) (NumPy:
+//! `tools/spike/quant-attention/accuracy.py`, variant `qk13+pv13`).
+//!
+//! The definition, per head of one text (`L` = [`LEVELS`] = 4,095):
+//!
+//! * Quantization ([`quantize_row`]): a row of q (rotated; one query) or of k (one key) has
+//!   `m = max|x|`, its multiplier `t = L / m` and scale `m / L` (f32, one rounding each), and
+//!   each value becomes `rint(x · t)` (ties to even) as an integer in `−L..=L`. A row of
+//!   zeros is zeros with scale 0; a row holding a NaN or an infinity is zeros with scale
+//!   NaN (its scores, and so its text's vector, are NaN). The values are quantized per
+//!   channel the same way, over the text's keys, with the scale `(m / L) / L` (the weights'
+//!   `1 / L` folded in).
+//! * A score is the exact integer `Σ_c q[c] · k[c]` converted to f32 (to nearest even),
+//!   times the key's scale, times the query's: `((dot as f32) · s_k) · s_q`.
+//! * The softmax is [`AttentionPrecision::Bf16`](crate::AttentionPrecision::Bf16)'s
+//!   (`super::bf16`'s `e`, totals and `1 / total`, bit for bit), with each weight the integer
+//!   `rint(L · e)` (0..=L) instead of `e`'s bfloat16.
+//! * An output channel is the exact integer `Σ_j w[j] · v[j][c]` over the keys converted to
+//!   f32 (to nearest even), times the channel's scale, times the row's `1 / total`.
+//!
+//! Every sum is an integer computed exactly (i32 where it cannot overflow: a score of a head
+//! of up to [`TILE_MAX_D`] channels, [`SUM_CHUNK`] key pairs of a weighted sum; i64 beyond),
+//! so a block of queries may run over the union of their windows (a zero weight adds
+//! nothing), and the tiles ([`Products`]) may sum in any order.
+//! `tools/testdata/int8_reference.py --attention int13` writes the same definition in NumPy.
+
+use super::aligned::Aligned;
+use super::bf16::LANES;
+use super::simd_f32::multiversion;
+
+/// The largest magnitude of a quantized value, and of a weight.
+pub(crate) const LEVELS: i32 = 4095;
+/// [`LEVELS`] as f32.
+pub(crate) const LEVELS_F32: f32 = LEVELS as f32;
+/// The widest head whose scores the tiles sum in i32: `128 · 4095² < 2³¹`. Wider heads run
+/// the portable loops, which sum in i64.
+pub(crate) const TILE_MAX_D: usize = 128;
+/// Key pairs whose weighted sum fits i32 (`2 · 64 · 4095² < 2³¹`): the sums go to i64 after
+/// each chunk of this many pairs.
+pub(crate) const SUM_CHUNK: usize = 64;
+
+const _: () = assert!(
+    (TILE_MAX_D as i64) * (LEVELS as i64) * (LEVELS as i64) <= i32::MAX as i64
+        && 2 * (SUM_CHUNK as i64) * (LEVELS as i64) * (LEVELS as i64) <= i32::MAX as i64,
+    "the tiles' i32 sums cannot overflow"
+);
+
+/// A row's (or a channel's) multiplier and scale from its largest magnitude `m` (see the
+/// module's definition).
+#[inline(always)]
+fn quantizer(m: f32) -> (f32, f32) {
+    if m > 0.0 && m.is_finite() {
+        (LEVELS_F32 / m, m / LEVELS_F32)
+    } else if m == 0.0 {
+        (0.0, 0.0)
+    } else {
+        (0.0, f32::NAN)
+    }
+}
+
+/// The larger of a largest magnitude so far and `|v|`, NaN once either is.
+#[inline(always)]
+fn max_abs_step(m: f32, v: f32) -> f32 {
+    let a = v.abs();
+    if a > m || a.is_nan() { a } else { m }
+}
+
+/// The largest magnitude of `x`, NaN if `x` holds one (in lanes: the loop vectorizes; a
+/// max needs no order).
+#[inline(always)]
+fn max_abs(x: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; LANES];
+    let (chunks, rest) = x.as_chunks::<LANES>();
+    for chunk in chunks {
+        for (m, &v) in lanes.iter_mut().zip(chunk) {
+            *m = max_abs_step(*m, v);
+        }
+    }
+    let m = rest.iter().fold(0.0f32, |m, &v| max_abs_step(m, v));
+    lanes.iter().fold(m, |m, &v| max_abs_step(m, v))
+}
+
+/// `rint(x · t)`, ties to even, in `−L..=L`: `x · t` clamped to ±L, plus 1.5 · 2²³
+/// (`crate::math::ROUND_MAGIC`: the sum lies in [2²³, 2²⁴), where the addition rounds to an
+/// integer, ties to even), the integer read from the sum's bits. (`round_ties_even` and a
+/// conversion to i16 compile to a call and scalar steps that stop the loops from
+/// vectorizing.) A NaN product (only in a row whose scale is NaN) gives some value.
+#[inline(always)]
+fn quantize(x: f32, t: f32) -> i16 {
+    let magic = crate::math::ROUND_MAGIC;
+    let shifted = (x * t).clamp(-LEVELS_F32, LEVELS_F32) + magic;
+    shifted.to_bits().wrapping_sub(magic.to_bits()) as i16
+}
+
+/// A row quantized as the module says: its values into `out`, its scale returned.
+#[cfg(test)]
+fn quantize_row(x: &[f32], out: &mut [i16]) -> f32 {
+    let (t, scale) = quantizer(max_abs(x));
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = quantize(v, t);
+    }
+    scale
+}
+
+/// Two quantized values as one packed pair: `lo` in the low half (the even element).
+#[inline(always)]
+pub(crate) fn pair(lo: i16, hi: i16) -> u32 {
+    u32::from(lo as u16) | (u32::from(hi as u16) << 16)
+}
+
+/// The even (low) and odd (high) values of a packed pair.
+#[inline(always)]
+pub(crate) fn unpair(x: u32) -> (i32, i32) {
+    (
+        i32::from(x as u16 as i16),
+        i32::from((x >> 16) as u16 as i16),
+    )
+}
+
+multiversion! {
+    /// Queries packed: `out[r · d/2 + c] = pair(q[r][2c], q[r][2c + 1])` quantized, for
+    /// `rows` rows of `d` (even) at a stride of `stride`, and `scales[r]` each row's scale.
+    fn pack_queries / pack_queries_body(q: &[f32], stride: usize, rows: usize, d: usize, out: &mut Vec<u32>, scales: &mut Vec<f32>)
+}
+
+multiversion! {
+    /// Keys packed group by group (the layout of `super::bf16::pack_keys`):
+    /// `out[(g · d/2 + c) · 16 + i] = pair(k[16g + i][2c], k[16g + i][2c + 1])` quantized,
+    /// for the `len` rows of `k` (row `j` is `d` values at `j · stride`, `d` even), 0 past
+    /// the last key; `scales[j]` each key's scale (0 past the last). Both are resized to
+    /// whole groups.
+    fn pack_keys / pack_keys_body(k: &[f32], stride: usize, len: usize, d: usize, out: &mut Aligned<u32>, scales: &mut Aligned<f32>)
+}
+
+multiversion! {
+    /// Values packed by pairs of keys (the layout of `super::bf16::pack_values`):
+    /// `out[p · d + c] = pair(v[2p][c], v[2p + 1][c])` quantized per channel over the `len`
+    /// keys, a zero for the key past the last of an odd `len`; `scales[c]` each channel's
+    /// scale with the weights' `1 / L` (see the module's definition).
+    fn pack_values / pack_values_body(v: &[f32], stride: usize, len: usize, d: usize, out: &mut Aligned<u32>, scales: &mut Vec<f32>)
+}
+
+#[inline(always)]
+fn pack_queries_body(
+    q: &[f32],
+    stride: usize,
+    rows: usize,
+    d: usize,
+    out: &mut Vec<u32>,
+    scales: &mut Vec<f32>,
+) {
+    assert!(d.is_multiple_of(2) && super::simd_f32::holds_rows(q.len(), rows, stride, d));
+    let half = d / 2;
+    out.clear();
+    out.resize(rows * half, 0);
+    scales.clear();
+    for (r, o) in out.chunks_exact_mut(half.max(1)).enumerate() {
+        let row = &q[r * stride..r * stride + d];
+        let (t, scale) = quantizer(max_abs(row));
+        scales.push(scale);
+        for (o, two) in o.iter_mut().zip(row.as_chunks::<2>().0) {
+            *o = pair(quantize(two[0], t), quantize(two[1], t));
+        }
+    }
+}
+
+#[inline(always)]
+fn pack_keys_body(
+    k: &[f32],
+    stride: usize,
+    len: usize,
+    d: usize,
+    out: &mut Aligned<u32>,
+    scales: &mut Aligned<f32>,
+) {
+    assert!(d.is_multiple_of(2) && super::simd_f32::holds_rows(k.len(), len, stride, d));
+    let half = d / 2;
+    let groups = len.div_ceil(LANES);
+    out.clear();
+    out.resize(groups * half * LANES, 0);
+    scales.clear();
+    scales.resize(groups * LANES, 0.0);
+    // A key's pairs packed contiguously (the conversions vectorize), then written into
+    // its lane of the group.
+    let mut pairs = vec![0u32; half];
+    for j in 0..len {
+        let row = &k[j * stride..j * stride + d];
+        let (t, scale) = quantizer(max_abs(row));
+        scales[j] = scale;
+        for (o, two) in pairs.iter_mut().zip(row.as_chunks::<2>().0) {
+            *o = pair(quantize(two[0], t), quantize(two[1], t));
+        }
+        let (g, i) = (j / LANES, j % LANES);
+        for (c, &x) in pairs.iter().enumerate() {
+            out[(g * half + c) * LANES + i] = x;
+        }
+    }
+}
+
+#[inline(always)]
+fn pack_values_body(
+    v: &[f32],
+    stride: usize,
+    len: usize,
+    d: usize,
+    out: &mut Aligned<u32>,
+    scales: &mut Vec<f32>,
+) {
+    assert!(super::simd_f32::holds_rows(v.len(), len, stride, d));
+    let row = |j: usize| &v[j * stride..j * stride + d];
+    // Each channel's largest magnitude, key after key (a NaN stays).
+    let mut m = vec![0.0f32; d];
+    for j in 0..len {
+        for (m, &x) in m.iter_mut().zip(row(j)) {
+            *m = max_abs_step(*m, x);
+        }
+    }
+    let (t, s): (Vec<f32>, Vec<f32>) = m.iter().map(|&m| quantizer(m)).unzip();
+    scales.clear();
+    scales.extend(s.iter().map(|&s| s / LEVELS_F32));
+    out.clear();
+    out.resize(len.div_ceil(2) * d, 0);
+    let zeros = vec![0.0f32; d];
+    for (p, o) in out.chunks_exact_mut(d.max(1)).enumerate() {
+        let (even, odd) = (
+            row(2 * p),
+            if 2 * p + 1 < len {
+                row(2 * p + 1)
+            } else {
+                &zeros
+            },
+        );
+        for (((o, &lo), &hi), &t) in o.iter_mut().zip(even).zip(odd).zip(&t) {
+            *o = pair(quantize(lo, t), quantize(hi, t));
+        }
+    }
+}
+
+/// Whether the buffers hold what [`Products::scores`] reads and writes (see
+/// `super::bf16::scores_fit`), and the scales: `rows` of the queries', the keys' of the
+/// groups read.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn scores_fit(
+    (q, sq, kt, sk, out): (usize, usize, usize, usize, usize),
+    rows: usize,
+    d: usize,
+    g_lo: usize,
+    groups: usize,
+) -> bool {
+    super::bf16::scores_fit((q, kt, out), rows, d, g_lo, groups)
+        && sq >= rows
+        && (g_lo + groups).checked_mul(LANES).is_some_and(|n| n <= sk)
+}
+
+/// Whether the buffers hold what [`Products::weighted_sum`] reads and writes (see
+/// `super::bf16::weighted_sum_fits`; `out` is `rows` rows of `d` sums, consecutive).
+pub(crate) fn weighted_sum_fits(
+    (p, v, out): (usize, usize, usize),
+    rows: usize,
+    p_row: usize,
+    pairs: usize,
+    d: usize,
+) -> bool {
+    super::bf16::weighted_sum_fits((p, v, out), rows, p_row, pairs, d, d)
+}
+
+multiversion! {
+    /// [`Products::scores`] in this module's loops.
+    fn scores_portable / scores_body(q: &[u32], sq: &[f32], rows: usize, d: usize, kt: &[u32], sk: &[f32], g_lo: usize, groups: usize, out: &mut [f32])
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn scores_body(
+    q: &[u32],
+    sq: &[f32],
+    rows: usize,
+    d: usize,
+    kt: &[u32],
+    sk: &[f32],
+    g_lo: usize,
+    groups: usize,
+    out: &mut [f32],
+) {
+    let lengths = (q.len(), sq.len(), kt.len(), sk.len(), out.len());
+    assert!(scores_fit(lengths, rows, d, g_lo, groups));
+    let (half, width) = (d / 2, groups * LANES);
+    for r in 0..rows {
+        let qr = &q[r * half..(r + 1) * half];
+        for g in 0..groups {
+            let keys = &kt[(g_lo + g) * half * LANES..(g_lo + g + 1) * half * LANES];
+            let dots: [i64; LANES] = if d <= TILE_MAX_D {
+                // i32 cannot overflow here (see TILE_MAX_D), and i32 lanes vectorize.
+                let mut acc = [0i32; LANES];
+                for (&qc, lanes) in qr.iter().zip(keys.chunks_exact(LANES)) {
+                    let (q0, q1) = unpair(qc);
+                    for (a, &k) in acc.iter_mut().zip(lanes) {
+                        let (k0, k1) = unpair(k);
+                        *a += q0 * k0 + q1 * k1;
+                    }
+                }
+                acc.map(i64::from)
+            } else {
+                let mut acc = [0i64; LANES];
+                for (&qc, lanes) in qr.iter().zip(keys.chunks_exact(LANES)) {
+                    let (q0, q1) = unpair(qc);
+                    for (a, &k) in acc.iter_mut().zip(lanes) {
+                        let (k0, k1) = unpair(k);
+                        *a += i64::from(q0 * k0) + i64::from(q1 * k1);
+                    }
+                }
+                acc
+            };
+            let scales = &sk[(g_lo + g) * LANES..(g_lo + g + 1) * LANES];
+            let row = &mut out[r * width + g * LANES..r * width + (g + 1) * LANES];
+            for ((o, &dot), &s) in row.iter_mut().zip(&dots).zip(scales) {
+                *o = (dot as f32 * s) * sq[r];
+            }
+        }
+    }
+}
+
+multiversion! {
+    /// [`Products::weighted_sum`] in this module's loops.
+    fn weighted_sum_portable / weighted_sum_body(p: &[u16], rows: usize, p_row: usize, v: &[u32], pairs: usize, d: usize, out: &mut [i64])
+}
+
+#[inline(always)]
+fn weighted_sum_body(
+    p: &[u16],
+    rows: usize,
+    p_row: usize,
+    v: &[u32],
+    pairs: usize,
+    d: usize,
+    out: &mut [i64],
+) {
+    assert!(weighted_sum_fits(
+        (p.len(), v.len(), out.len()),
+        rows,
+        p_row,
+        pairs,
+        d
+    ));
+    let mut chunk = vec![0i32; d];
+    for r in 0..rows {
+        let o = &mut out[r * d..(r + 1) * d];
+        o.fill(0);
+        let w = &p[r * p_row..];
+        for j0 in (0..pairs).step_by(SUM_CHUNK) {
+            chunk.fill(0);
+            for j in j0..(j0 + SUM_CHUNK).min(pairs) {
+                let (w0, w1) = (i32::from(w[2 * j]), i32::from(w[2 * j + 1]));
+                for (a, &x) in chunk.iter_mut().zip(&v[j * d..(j + 1) * d]) {
+                    let (v0, v1) = unpair(x);
+                    *a += w0 * v0 + w1 * v1;
+                }
+            }
+            for (o, &a) in o.iter_mut().zip(&chunk) {
+                *o += i64::from(a);
+            }
+        }
+    }
+}
+
+/// The outputs of a block: `out[r][c] = ((sums[r][c] as f32) · scales[c]) · inv[r]` for
+/// `rows` rows of `d` (`sums` consecutive, `out` at `out_stride`).
+pub(crate) fn finish(
+    sums: &[i64],
+    rows: usize,
+    d: usize,
+    scales: &[f32],
+    inv: &[f32],
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    assert!(scales.len() >= d && inv.len() >= rows && sums.len() >= rows * d);
+    assert!(super::simd_f32::holds_rows(out.len(), rows, out_stride, d));
+    for r in 0..rows {
+        let o = &mut out[r * out_stride..r * out_stride + d];
+        for ((o, &s), &scale) in o.iter_mut().zip(&sums[r * d..(r + 1) * d]).zip(scales) {
+            *o = (s as f32 * scale) * inv[r];
+        }
+    }
+}
+
+/// Where a block's two products run: the same integers, so the same bits, either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Products {
+    /// This module's loops: every CPU.
+    Portable,
+    /// `x86_int13`'s `vpdpwssd` tiles (AVX-512F, BW and VNNI).
+    #[cfg(target_arch = "x86_64")]
+    Avx512Vnni,
+}
+
+impl Products {
+    /// The tiles where this CPU has them, else the portable loops.
+    pub(crate) fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if super::x86_int13::available() {
+            return Products::Avx512Vnni;
+        }
+        Products::Portable
+    }
+
+    /// The variant's name in benchmarks.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Products::Portable => "portable",
+            #[cfg(target_arch = "x86_64")]
+            Products::Avx512Vnni => "avx512vnni",
+        }
+    }
+
+    /// Every variant this CPU runs, the portable loops first.
+    pub(crate) fn all() -> Vec<Self> {
+        let mut all = vec![Products::Portable];
+        let detected = Self::detect();
+        if detected != Products::Portable {
+            all.push(detected);
+        }
+        all
+    }
+
+    /// `out[r][16·g + i]` = the score of query `r` (`q`: rows of `d/2` pairs from
+    /// [`pack_queries`], `sq` their scales) against key `16 · (g_lo + g) + i` (`kt`, `sk`
+    /// from [`pack_keys`]), for `rows` queries and `groups` groups. With `row_max =
+    /// Some((max, keys))`, also `max[r]` = the max of row `r`'s first `keys` scores and
+    /// `max[r]` as it was (`if x > m`: NaNs left out), which the softmax can take instead
+    /// of reading the scores once more.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn scores(
+        self,
+        (q, sq): (&[u32], &[f32]),
+        rows: usize,
+        d: usize,
+        (kt, sk): (&[u32], &[f32]),
+        (g_lo, groups): (usize, usize),
+        out: &mut [f32],
+        row_max: Option<(&mut [f32], usize)>,
+    ) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Products::Avx512Vnni if d <= TILE_MAX_D => {
+                super::x86_int13::scores(q, sq, rows, d, kt, sk, g_lo, groups, out, row_max)
+            }
+            _ => {
+                scores_portable(q, sq, rows, d, kt, sk, g_lo, groups, out);
+                if let Some((max, keys)) = row_max {
+                    let width = groups * LANES;
+                    let scores = &out[..rows * width];
+                    super::bf16::fold_row_maxes(scores, width, keys, &mut max[..rows]);
+                }
+            }
+        }
+    }
+
+    /// `out[r][c]` (rows of `d`, consecutive) = the exact `Σ_j p[r][j] · v[j][c]` over key
+    /// pairs `pair_lo..pair_lo + pairs` of the values (`v` from [`pack_values`]; `p`: a
+    /// weight per key from the block's first pair, rows `p_row` apart). Written, not added
+    /// to. The tiles take `d` a multiple of 16; other widths run the portable loops.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn weighted_sum(
+        self,
+        p: &[u16],
+        rows: usize,
+        p_row: usize,
+        v: &[u32],
+        (pair_lo, pairs): (usize, usize),
+        d: usize,
+        out: &mut [i64],
+    ) {
+        let v = &v[pair_lo * d..];
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Products::Avx512Vnni if d.is_multiple_of(LANES) => {
+                super::x86_int13::weighted_sum(p, rows, p_row, v, pairs, d, out)
+            }
+            _ => weighted_sum_portable(p, rows, p_row, v, pairs, d, out),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn quantization_rounds_to_the_levels_and_keeps_the_scale() {
+        let mut q = [0i16; 4];
+        // m = 2: t = 2047.5, scale 2 / 4095.
+        let s = quantize_row(&[2.0, -1.0, 0.5, 0.0001], &mut q);
+        assert_eq!(q, [4095, -2048, 1024, 0]);
+        assert_eq!(s, 2.0 / 4095.0);
+        assert_eq!(quantize_row(&[0.0, -0.0], &mut q[..2]), 0.0);
+        assert_eq!(&q[..2], &[0, 0]);
+        assert!(quantize_row(&[1.0, f32::NAN], &mut q[..2]).is_nan());
+        assert!(quantize_row(&[f32::INFINITY, 1.0], &mut q[..2]).is_nan());
+        assert_eq!(unpair(pair(-4095, 17)), (-4095, 17));
+    }
+
+    /// Rows of random values of magnitudes up to `2^spread`.
+    fn values(seed: u64, n: usize, spread: i32) -> Vec<f32> {
+        let mut state = seed | 1;
+        (0..n)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let unit = (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+                unit * 2f32.powi((state % (spread as u64 + 1)) as i32)
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        /// The scores from the portable loops and from every tile this CPU runs, bit for
+        /// bit, and each the definition's, computed here in i64 and f32 from the quantized
+        /// values (a head past the tiles' width included).
+        #[test]
+        fn scores_are_the_definitions_on_every_variant(
+            rows in 1usize..=9,
+            keys in 1usize..=70,
+            g_lo in 0usize..2,
+            d in prop_oneof![Just(64usize), Just(2usize), Just(24usize), Just(160usize)],
+            seed in any::<u64>(),
+        ) {
+            let len = g_lo * LANES + keys;
+            let q = values(seed, rows * d, 6);
+            let k = values(seed ^ 0x5555, len * d, 6);
+            let (mut qp, mut sq) = (Vec::new(), Vec::new());
+            pack_queries(&q, d, rows, d, &mut qp, &mut sq);
+            let (mut kt, mut sk) = (Aligned::default(), Aligned::default());
+            pack_keys(&k, d, len, d, &mut kt, &mut sk);
+            let groups = len.div_ceil(LANES) - g_lo;
+            let width = groups * LANES;
+            // The definition, from the quantized rows.
+            let (mut qi, mut ki) = (vec![0i16; d], vec![0i16; d]);
+            let mut expected = vec![0.0f32; rows * width];
+            for r in 0..rows {
+                let s_q = quantize_row(&q[r * d..(r + 1) * d], &mut qi);
+                for i in 0..width {
+                    let j = g_lo * LANES + i;
+                    let (dot, s_k) = if j < len {
+                        let s_k = quantize_row(&k[j * d..(j + 1) * d], &mut ki);
+                        let dot: i64 = qi.iter().zip(&ki).map(|(&a, &b)| i64::from(a) * i64::from(b)).sum();
+                        (dot, s_k)
+                    } else {
+                        (0, 0.0)
+                    };
+                    expected[r * width + i] = (dot as f32 * s_k) * s_q;
+                }
+            }
+            for products in Products::all() {
+                let mut out = vec![f32::NAN; rows * width];
+                products.scores((&qp, &sq), rows, d, (&kt, &sk), (g_lo, groups), &mut out, None);
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                prop_assert_eq!(bits(&out), bits(&expected), "{:?}", products);
+            }
+        }
+
+        /// The weighted sums from the portable loops and from every tile this CPU runs,
+        /// equal to the exact sums computed here in i64, on weights up to the largest
+        /// (where the i32 chunks are fullest) and past one chunk of pairs.
+        #[test]
+        fn weighted_sums_are_exact_on_every_variant(
+            rows in 1usize..=9,
+            keys in 1usize..=300,
+            pair_lo in 0usize..3,
+            d in prop_oneof![Just(64usize), Just(16usize), Just(24usize)],
+            full in any::<bool>(),
+            seed in any::<u64>(),
+        ) {
+            let len = 2 * pair_lo + keys;
+            let mut v = values(seed, len * d, 4);
+            if full {
+                // Every value at ±L after quantization, and every weight L below.
+                v.iter_mut().for_each(|x| *x = if *x < 0.0 { -1.0 } else { 1.0 });
+            }
+            let (mut vp, mut scales) = (Aligned::default(), Vec::new());
+            pack_values(&v, d, len, d, &mut vp, &mut scales);
+            let pairs = keys.div_ceil(2);
+            let p_row = (2 * pairs).next_multiple_of(LANES) + 2;
+            let mut state = seed | 1;
+            let p: Vec<u16> = (0..rows * p_row)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    if full { LEVELS as u16 } else { (state % (LEVELS as u64 + 1)) as u16 }
+                })
+                .collect();
+            let mut expected = vec![0i64; rows * d];
+            for r in 0..rows {
+                for c in 0..d {
+                    expected[r * d + c] = (0..2 * pairs)
+                        .map(|j| {
+                            let (v0, v1) = unpair(vp[(pair_lo + j / 2) * d + c]);
+                            let x = if j % 2 == 0 { v0 } else { v1 };
+                            i64::from(p[r * p_row + j]) * i64::from(x)
+                        })
+                        .sum();
+                }
+            }
+            for products in Products::all() {
+                let mut out = vec![i64::MIN; rows * d];
+                products.weighted_sum(&p, rows, p_row, &vp, (pair_lo, pairs), d, &mut out);
+                prop_assert_eq!(&out, &expected, "{:?}", products);
+            }
+        }
+    }
+}
