@@ -89,9 +89,10 @@ pub struct ModelArgs {
     /// (backend native, --precision int8).
     #[arg(long)]
     pub prequantized: bool,
-    /// Attention's two products in f32, or in bfloat16 with f32 sums (backend native, fp32 or
-    /// int8): about half the attention time on long texts on CPUs with AVX-512 BF16, the same
-    /// vectors on every CPU, a little further from sentence-transformers'.
+    /// Attention's two products in f32, in bfloat16 with f32 sums, or in 13-bit integers with
+    /// exact sums (bf16 and int13: backend native, fp32 or int8): about half the attention
+    /// time on long texts, bf16 on CPUs with AVX-512 BF16, int13 on CPUs with AVX-512 VNNI;
+    /// the same vectors on every CPU, a little further from sentence-transformers'.
     #[arg(long, value_enum, default_value_t = AttentionPrecision::F32)]
     pub attention: AttentionPrecision,
 }

@@ -87,6 +87,46 @@
 //! # Ok::<(), ruri_core::Error>(())
 //! ```
 //!
+//! # int13 attention (opt-in)
+//!
+//! [`AttentionPrecision::Int13`] (`--attention int13` in the front ends) quantizes attention's
+//! operands to 13-bit integers (±4,095) and sums their products exactly in integers, as
+//! AVX-512 VNNI's `vpdpwssd` does, 32 multiply-adds an instruction: twice FMA's rate on the
+//! Intel Xeon measured, so the fastest attention on a long text there, and closer to f32
+//! attention than bf16's (BENCHMARKS.md, twenty-first step). Per head of a text:
+//!
+//! * q and k are quantized per row (a position), v per channel over the text: with `m` the
+//!   largest magnitude, a value is `rint(x · (4095 / m))` and the scale `m / 4095` (f32);
+//! * a score is the exact integer dot product, as f32, times the key's scale, times the
+//!   query's; the softmax is bf16 attention's (its exps, totals and `1 / total`), each
+//!   weight the integer `rint(4095 · e)`;
+//! * an output is the exact integer sum of weight × value over the keys, as f32, times the
+//!   channel's scale (divided by 4,095 once more), times `1 / total`.
+//!
+//! Every sum is an integer computed exactly, so the order of the sums does not matter: the
+//! tiles and the portable loops (every CPU without AVX-512 VNNI) give the same bits, and a
+//! text's vector is the same alone, in any batch, on any thread count
+//! (`tools/testdata/int8_reference.py --attention int13` writes the definition in NumPy; the
+//! engine matches it bit for bit). What it costs in accuracy: min cosine 0.9999994 to f32
+//! attention on the tiny model's texts over 128 tokens at int8 (bf16: 0.9999965),
+//! 0.99982 to sentence-transformers fp32 at the 30m shape (bf16 0.99981, f32 0.99983).
+//!
+//! ```
+//! use ruri_native::{AttentionPrecision, Precision};
+//!
+//! # let folder = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/tiny");
+//! let exact = ruri_native::builder().precision(Precision::Int8).build_from_dir(folder)?;
+//! let fast = ruri_native::builder()
+//!     .precision(Precision::Int8)
+//!     .attention(AttentionPrecision::Int13)
+//!     .build_from_dir(folder)?;
+//! let text = "瑠璃色は紫みを帯びた濃い青。".repeat(20);
+//! let (a, b) = (exact.embed_query(&text)?, fast.embed_query(&text)?);
+//! let cosine: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+//! assert!(a != b && cosine > 0.9999);
+//! # Ok::<(), ruri_core::Error>(())
+//! ```
+//!
 //! # ruri's int8 file
 //!
 //! [`NativeBuilder::write_int8_file`] (the command `ruri quantize MODEL_DIR`) writes what an

@@ -207,7 +207,8 @@ struct Engine {
 impl Engine {
     /// Loads `model` (a folder, or a Hub model id with the `hub` feature) on `backend`
     /// ("native", "ort" or "candle") at `precision`, attention's products in `attention`
-    /// ("f32", or "bf16" on native; the names `AttentionPrecision::from_str` takes).
+    /// ("f32", or "bf16" or "int13" on native; the names `AttentionPrecision::from_str`
+    /// takes).
     #[new]
     #[pyo3(signature = (model, backend, precision, whitespace, runtime_path=None, intra_threads=None, sessions=None, max_batch_tokens=None, revision=None, cache_folder=None, token=None, local_files_only=false, prequantized=false, attention="f32"))]
     #[allow(
@@ -400,7 +401,7 @@ impl Engine {
         self.whitespace
     }
 
-    /// How attention's products are computed: "f32" or "bf16" (the name, however it was
+    /// How attention's products are computed: "f32", "bf16" or "int13" (the name, however it was
     /// spelled).
     #[getter]
     fn attention(&self) -> &'static str {

@@ -135,9 +135,10 @@ pub struct ModelArgs {
     /// (backend native, --precision int8).
     #[arg(long, env = "RURI_PREQUANTIZED")]
     pub prequantized: bool,
-    /// Attention's two products in f32, or in bfloat16 with f32 sums (backend native, fp32 or
-    /// int8): about half the attention time on long texts on CPUs with AVX-512 BF16, the same
-    /// vectors on every CPU, a little further from sentence-transformers'.
+    /// Attention's two products in f32, in bfloat16 with f32 sums, or in 13-bit integers with
+    /// exact sums (bf16 and int13: backend native, fp32 or int8): about half the attention
+    /// time on long texts, bf16 on CPUs with AVX-512 BF16, int13 on CPUs with AVX-512 VNNI;
+    /// the same vectors on every CPU, a little further from sentence-transformers'.
     #[arg(long, env = "RURI_ATTENTION", value_enum, default_value_t = AttentionPrecision::F32)]
     pub attention: AttentionPrecision,
 }
@@ -408,7 +409,7 @@ mod tests {
 
     /// `--attention` reaches the loader's configuration (`RURI_ATTENTION`: in
     /// tests/front_ends.rs, which owns the environment); f32 by default, an unknown name
-    /// refused by clap, bf16 accepted at both of native's precisions.
+    /// refused by clap, bf16 and int13 accepted at both of native's precisions.
     #[test]
     fn attention_is_parsed_and_reaches_the_config() {
         let parse = |flags: &[&str]| {
@@ -425,6 +426,7 @@ mod tests {
         for (flag, wanted) in [
             ("f32", AttentionPrecision::F32),
             ("bf16", AttentionPrecision::Bf16),
+            ("int13", AttentionPrecision::Int13),
         ] {
             let args = parse(&["--attention", flag]).unwrap();
             assert_eq!(args.model.attention, wanted, "{flag}");
@@ -435,8 +437,10 @@ mod tests {
         assert!(error.to_string().contains("bf16"), "{error}");
         if cfg!(feature = "native") {
             for precision in ["fp32", "int8"] {
-                let args = parse(&["--precision", precision, "--attention", "bf16"]).unwrap();
-                assert!(args.config().is_ok(), "{precision}");
+                for attention in ["bf16", "int13"] {
+                    let flags = ["--precision", precision, "--attention", attention];
+                    assert!(parse(&flags).unwrap().config().is_ok(), "{precision}");
+                }
             }
         }
     }

@@ -292,32 +292,40 @@ fn every_front_end_reaches_the_same_config_and_the_same_refusal() {
         assert_ne!(plain, python, "{backend} {precision}");
     }
 
-    // bf16 attention: `--attention bf16`, `RURI_ATTENTION=bf16` and Python's
-    // `attention="bf16"` (ruri-python parses it with `AttentionPrecision::from_str` and passes
+    // bf16 and int13 attention: `--attention NAME`, `RURI_ATTENTION=NAME` and Python's
+    // `attention="NAME"` (ruri-python parses it with `AttentionPrecision::from_str` and passes
     // it to `EmbedderConfig::attention`) reach one config: accepted on native at fp32 and
     // int8, refused with one message on ort and candle.
-    for (backend, precision, accepted) in [
+    let cases = [
         ("native", "int8", true),
         ("native", "fp32", true),
         ("ort", "int8", false),
         ("candle", "fp32", false),
-    ] {
+    ];
+    let attentions = [
+        ("bf16", AttentionPrecision::Bf16),
+        ("int13", AttentionPrecision::Int13),
+    ];
+    for ((backend, precision, accepted), (attention, wanted)) in cases
+        .into_iter()
+        .flat_map(|case| attentions.map(|a| (case, a)))
+    {
         let mut argv = vec!["ruri-server"];
         argv.extend(model_flags(backend, precision));
-        argv.extend(["--attention", "bf16"]);
+        argv.extend(["--attention", attention]);
         let example = ExampleArgs::try_parse_from(&argv).unwrap().model.config();
         let flags = server_from_flags(&argv).embedder_config();
         let env = server_from_env(&[
             ("RURI_MODEL", "m"),
             ("RURI_BACKEND", backend),
             ("RURI_PRECISION", precision),
-            ("RURI_ATTENTION", "bf16"),
+            ("RURI_ATTENTION", attention),
         ])
         .embedder_config();
         let python = EmbedderConfig::from_names(backend, precision, "keep")
             .unwrap()
-            .attention("bf16".parse().unwrap());
-        assert_eq!(python.get_attention(), AttentionPrecision::Bf16);
+            .attention(attention.parse().unwrap());
+        assert_eq!(python.get_attention(), wanted);
         let mut messages = Vec::new();
         for config in [&example, &flags, &env] {
             assert_eq!(config, &python, "{backend} {precision}");
@@ -329,10 +337,10 @@ fn every_front_end_reaches_the_same_config_and_the_same_refusal() {
                     "{backend} {precision}: {got:?}"
                 ),
                 (false, Some((name, value, message))) => {
-                    assert_eq!((name, value.as_str()), ("attention", "bf16"));
+                    assert_eq!((name, value.as_str()), ("attention", attention));
                     messages.push(message);
                 }
-                (false, None) => panic!("{backend} {precision}: bf16 attention accepted"),
+                (false, None) => panic!("{backend} {precision}: {attention} attention accepted"),
             }
         }
         assert!(messages.windows(2).all(|pair| pair[0] == pair[1]));

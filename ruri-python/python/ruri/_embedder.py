@@ -123,18 +123,20 @@ class Embedder:
         prequantized: native at int8 only: read ruri's int8 file,
             ``model.ruri-int8.safetensors`` (written by ``ruri quantize MODEL_DIR``), instead
             of quantizing ``model.safetensors`` at load: the same vectors, a faster load.
-        attention: How attention's two products are computed: ``"f32"`` (default), or
+        attention: How attention's two products are computed: ``"f32"`` (default),
             ``"bf16"`` (native only, at either precision): bfloat16 with float32 sums, about
-            half the attention time on long texts on CPUs with AVX-512 BF16, the same vectors
-            on every CPU, a little further from sentence-transformers'.
+            half the attention time on long texts on CPUs with AVX-512 BF16, or ``"int13"``
+            (native only): 13-bit integers with exact sums, the fastest on long texts on CPUs
+            with AVX-512 VNNI and closer to ``"f32"`` than ``"bf16"``; either gives the same
+            vectors on every CPU, a little further from sentence-transformers'.
 
     Raises:
         ModelLoadError: The folder is missing or unusable; the Hub id is unknown, not cached
             offline, or unreachable.
         RuntimeUnavailableError: ONNX Runtime cannot be loaded.
         InputError: An unknown backend, precision, whitespace policy or attention;
-            ``prequantized`` with another backend or precision; ``attention="bf16"`` with
-            another backend.
+            ``prequantized`` with another backend or precision; ``attention="bf16"`` or
+            ``"int13"`` with another backend.
         UnsupportedArgumentError: A non-CPU ``device``, or an ort-only option
             (``runtime_path``, ``sessions``; with candle also ``intra_threads``) on another
             backend, the default one included.
@@ -418,7 +420,7 @@ class Embedder:
 
     @property
     def attention(self) -> str:
-        """How attention's products are computed: ``"f32"`` or ``"bf16"``."""
+        """How attention's products are computed: ``"f32"``, ``"bf16"`` or ``"int13"``."""
         return self._engine.attention
 
     @property
