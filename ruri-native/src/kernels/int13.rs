@@ -290,7 +290,34 @@ fn scores_body(
     let lengths = (q.len(), sq.len(), kt.len(), sk.len(), out.len());
     assert!(scores_fit(lengths, rows, d, g_lo, groups));
     let (half, width) = (d / 2, groups * LANES);
-    for r in 0..rows {
+    // Four rows at a time where d allows i32 sums (TILE_MAX_D): four independent sums in
+    // registers, each key pair unpacked once for the four.
+    let mut r = 0;
+    while d <= TILE_MAX_D && r + 4 <= rows {
+        let qr: [&[u32]; 4] = std::array::from_fn(|i| &q[(r + i) * half..(r + i + 1) * half]);
+        for g in 0..groups {
+            let keys = &kt[(g_lo + g) * half * LANES..(g_lo + g + 1) * half * LANES];
+            let mut acc = [[0i32; LANES]; 4];
+            for (c, lanes) in keys.chunks_exact(LANES).enumerate() {
+                let qc: [(i32, i32); 4] = std::array::from_fn(|i| unpair(qr[i][c]));
+                for (l, &k) in lanes.iter().enumerate() {
+                    let (k0, k1) = unpair(k);
+                    for (acc, &(q0, q1)) in acc.iter_mut().zip(&qc) {
+                        acc[l] += q0 * k0 + q1 * k1;
+                    }
+                }
+            }
+            let scales = &sk[(g_lo + g) * LANES..(g_lo + g + 1) * LANES];
+            for (i, acc) in acc.iter().enumerate() {
+                let row = &mut out[(r + i) * width + g * LANES..(r + i) * width + (g + 1) * LANES];
+                for ((o, &dot), &s) in row.iter_mut().zip(acc).zip(scales) {
+                    *o = (dot as f32 * s) * sq[r + i];
+                }
+            }
+        }
+        r += 4;
+    }
+    for r in r..rows {
         let qr = &q[r * half..(r + 1) * half];
         for g in 0..groups {
             let keys = &kt[(g_lo + g) * half * LANES..(g_lo + g + 1) * half * LANES];
@@ -347,6 +374,8 @@ fn weighted_sum_body(
         pairs,
         d
     ));
+    // Row by row, channel vectors side by side: each key pair's products added to the
+    // chunk's i32 sums, which go to i64 after each chunk of pairs.
     let mut chunk = vec![0i32; d];
     for r in 0..rows {
         let o = &mut out[r * d..(r + 1) * d];
