@@ -1104,7 +1104,7 @@ const LINE: usize = 16;
 
 /// Asks for the cache line that holds `line` to be brought into L2, ahead of its use.
 #[inline(always)]
-fn prefetch(line: &[f32]) {
+pub(crate) fn prefetch(line: &[f32]) {
     // SAFETY: SSE, which `_mm_prefetch` needs, is part of x86-64's baseline; a prefetch
     // reads nothing into registers and never faults (the address is a live slice's anyway).
     #[cfg(target_arch = "x86_64")]
