@@ -414,9 +414,14 @@ fn weighted_sum_body(
     }
 }
 
-/// The outputs of a block: `out[r][c] = ((sums[r][c] as f32) · scales[c]) · inv[r]` for
-/// `rows` rows of `d` (`sums` consecutive, `out` at `out_stride`).
-pub(crate) fn finish(
+multiversion! {
+    /// The outputs of a block: `out[r][c] = ((sums[r][c] as f32) · scales[c]) · inv[r]` for
+    /// `rows` rows of `d` (`sums` consecutive, `out` at `out_stride`).
+    fn finish / finish_body(sums: &[i64], rows: usize, d: usize, scales: &[f32], inv: &[f32], out: &mut [f32], out_stride: usize)
+}
+
+#[inline(always)]
+fn finish_body(
     sums: &[i64],
     rows: usize,
     d: usize,
@@ -430,9 +435,19 @@ pub(crate) fn finish(
     for r in 0..rows {
         let o = &mut out[r * out_stride..r * out_stride + d];
         for ((o, &s), &scale) in o.iter_mut().zip(&sums[r * d..(r + 1) * d]).zip(scales) {
-            *o = (s as f32 * scale) * inv[r];
+            *o = (to_f32(s) * scale) * inv[r];
         }
     }
+}
+
+/// `s as f32` (to nearest even) for |s| < 2⁵³, which every sum here is (at most 2 · 4095²
+/// a key pair): its two halves converted to f64 and added, exactly, then rounded once to
+/// f32. A conversion of i64 has no vector instruction before AVX-512 DQ, and made the loop
+/// scalar; i32 and u32 to f64 have one.
+#[inline(always)]
+fn to_f32(s: i64) -> f32 {
+    let (hi, lo) = ((s >> 32) as i32, s as u32);
+    (f64::from(hi) * 4_294_967_296.0 + f64::from(lo)) as f32
 }
 
 /// Where a block's two products run: the same integers, so the same bits, either way.
@@ -550,6 +565,24 @@ mod tests {
         assert!(quantize_row(&[1.0, f32::NAN], &mut q[..2]).is_nan());
         assert!(quantize_row(&[f32::INFINITY, 1.0], &mut q[..2]).is_nan());
         assert_eq!(unpair(pair(-4095, 17)), (-4095, 17));
+    }
+
+    #[test]
+    fn sums_convert_as_a_cast_would() {
+        // Around 2²⁴ (where f32 starts to round), ties, the signs, the largest sums.
+        let mut cases = vec![0i64, 1, -1, (1 << 24) + 1, (1 << 24) + 3, -(1 << 25) - 3];
+        cases.extend([i64::from(i32::MAX), i64::from(i32::MIN), (1 << 37) + 12_345]);
+        cases.extend([(1 << 52) - 1, -(1 << 52) + 7, (1 << 40) + (1 << 16) + 1]);
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..10_000 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            cases.push((state as i64) >> (11 + state % 30));
+        }
+        for s in cases {
+            assert_eq!(to_f32(s).to_bits(), (s as f32).to_bits(), "{s}");
+        }
     }
 
     /// Rows of random values of magnitudes up to `2^spread`.
