@@ -1133,9 +1133,15 @@ fn softmax_int13_body(
     p: &mut [u16],
     inv: &mut [f32],
 ) {
-    // `x86_bf16`'s softmax tiles round to bfloat16: int13's tiles run where its products
-    // do (`x86_int13::softmax_blocks`).
-    let tiles = products != super::int13::Products::Portable;
+    // `x86_bf16`'s softmax tiles round to bfloat16: int13's AVX-512 tiles run where its
+    // AVX-512 products do (`x86_int13::softmax_blocks`).
+    #[cfg(target_arch = "x86_64")]
+    let tiles = products == super::int13::Products::Avx512Vnni;
+    #[cfg(not(target_arch = "x86_64"))]
+    let tiles = {
+        let _ = products;
+        false
+    };
     softmax_rows::<true>(tiles, s, width, own, scale, maxes, p, inv)
 }
 

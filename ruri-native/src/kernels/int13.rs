@@ -455,19 +455,18 @@ fn to_f32(s: i64) -> f32 {
 pub(crate) enum Products {
     /// This module's loops: every CPU.
     Portable,
-    /// `x86_int13`'s `vpdpwssd` tiles (AVX-512F, BW and VNNI).
+    /// `x86_int13`'s `vpdpwssd` tiles (AVX-512F, BW and VNNI), and its softmax.
     #[cfg(target_arch = "x86_64")]
     Avx512Vnni,
+    /// `x86_int13_avx2`'s `vpmaddwd` tiles (AVX2), for x86 CPUs without AVX-512 VNNI.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
 }
 
 impl Products {
-    /// The tiles where this CPU has them, else the portable loops.
+    /// The fastest tiles this CPU has, else the portable loops.
     pub(crate) fn detect() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        if super::x86_int13::available() {
-            return Products::Avx512Vnni;
-        }
-        Products::Portable
+        Self::all().pop().expect("the portable loops at least")
     }
 
     /// The variant's name in benchmarks.
@@ -476,15 +475,24 @@ impl Products {
             Products::Portable => "portable",
             #[cfg(target_arch = "x86_64")]
             Products::Avx512Vnni => "avx512vnni",
+            #[cfg(target_arch = "x86_64")]
+            Products::Avx2 => "avx2",
         }
     }
 
-    /// Every variant this CPU runs, the portable loops first.
+    /// Every variant this CPU runs, slowest first: the portable loops, the AVX2 tiles, the
+    /// AVX-512 VNNI tiles.
     pub(crate) fn all() -> Vec<Self> {
+        #[allow(unused_mut)] // tiles only on x86-64
         let mut all = vec![Products::Portable];
-        let detected = Self::detect();
-        if detected != Products::Portable {
-            all.push(detected);
+        #[cfg(target_arch = "x86_64")]
+        {
+            if super::x86_int13_avx2::available() {
+                all.push(Products::Avx2);
+            }
+            if super::x86_int13::available() {
+                all.push(Products::Avx512Vnni);
+            }
         }
         all
     }
@@ -512,7 +520,13 @@ impl Products {
                 super::x86_int13::scores(q, sq, rows, d, kt, sk, g_lo, groups, out, row_max)
             }
             _ => {
-                scores_portable(q, sq, rows, d, kt, sk, g_lo, groups, out);
+                match self {
+                    #[cfg(target_arch = "x86_64")]
+                    Products::Avx2 if d <= TILE_MAX_D => {
+                        super::x86_int13_avx2::scores(q, sq, rows, d, kt, sk, g_lo, groups, out)
+                    }
+                    _ => scores_portable(q, sq, rows, d, kt, sk, g_lo, groups, out),
+                }
                 if let Some((max, keys)) = row_max {
                     let width = groups * LANES;
                     let scores = &out[..rows * width];
@@ -525,7 +539,8 @@ impl Products {
     /// `out[r][c]` (rows of `d`, consecutive) = the exact `Σ_j p[r][j] · v[j][c]` over key
     /// pairs `pair_lo..pair_lo + pairs` of the values (`v` from [`pack_values`]; `p`: a
     /// weight per key from the block's first pair, rows `p_row` apart). Written, not added
-    /// to. The tiles take `d` a multiple of 16; other widths run the portable loops.
+    /// to. The tiles take `d` a multiple of 16 (AVX2's: of 8); other widths run the portable
+    /// loops.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn weighted_sum(
         self,
@@ -542,6 +557,10 @@ impl Products {
             #[cfg(target_arch = "x86_64")]
             Products::Avx512Vnni if d.is_multiple_of(LANES) => {
                 super::x86_int13::weighted_sum(p, rows, p_row, v, pairs, d, out)
+            }
+            #[cfg(target_arch = "x86_64")]
+            Products::Avx2 if d.is_multiple_of(LANES / 2) => {
+                super::x86_int13_avx2::weighted_sum(p, rows, p_row, v, pairs, d, out)
             }
             _ => weighted_sum_portable(p, rows, p_row, v, pairs, d, out),
         }

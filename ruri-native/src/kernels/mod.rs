@@ -50,6 +50,8 @@ mod x86_bf16_avx2;
 mod x86_f32;
 #[cfg(target_arch = "x86_64")]
 mod x86_int13;
+#[cfg(target_arch = "x86_64")]
+mod x86_int13_avx2;
 
 use std::fmt;
 use std::str::FromStr;
