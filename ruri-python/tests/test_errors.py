@@ -139,22 +139,25 @@ def test_prequantized_reads_ruris_int8_file_and_only_on_native_int8(tmp_path):
             ruri.Embedder(folder, prequantized=True, **kwargs)
 
 
-def test_bf16_attention_loads_on_native_only():
+def test_bf16_and_int13_attention_load_on_native_only():
     # The option reaches the engine (`attention` is what it reports); the vectors it gives
     # are tested in Rust (tests/attention.rs, ruri-native's own tests).
     for precision in ("int8", "fp32"):
-        model = ruri.Embedder(TINY, backend="native", precision=precision, attention="bf16")
-        assert model.attention == "bf16"
-        vector = model.encode("瑠璃色はどんな色？")
-        assert vector.shape == (model.get_sentence_embedding_dimension(),)
-        assert np.isfinite(vector).all()
-        assert "attention='bf16'" in repr(model)
+        for attention in ("bf16", "int13"):
+            model = ruri.Embedder(TINY, backend="native", precision=precision, attention=attention)
+            assert model.attention == attention
+            vector = model.encode("瑠璃色はどんな色？")
+            assert vector.shape == (model.get_sentence_embedding_dimension(),)
+            assert np.isfinite(vector).all()
+            assert f"attention='{attention}'" in repr(model)
     assert ruri.Embedder(TINY, backend="native").attention == "f32"
     assert "attention" not in repr(ruri.Embedder(TINY, backend="native"))
     assert ruri.Embedder(TINY, backend="native", attention="bfloat16").attention == "bf16"
     with pytest.raises(ruri.InputError, match=r"invalid option attention = bf16"):
         ruri.Embedder(TINY, backend="ort", attention="bf16")
-    with pytest.raises(ruri.InputError, match=r"attention = int8: .*known: f32, bf16"):
+    with pytest.raises(ruri.InputError, match=r"invalid option attention = int13"):
+        ruri.Embedder(TINY, backend="ort", attention="int13")
+    with pytest.raises(ruri.InputError, match=r"attention = int8: .*known: f32, bf16, int13"):
         ruri.Embedder(TINY, attention="int8")
     with pytest.raises(ruri.InputTypeError, match="attention must be a str"):
         ruri.Embedder(TINY, attention=None)
