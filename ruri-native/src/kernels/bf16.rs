@@ -1147,9 +1147,10 @@ fn softmax_int13_body(
 
 /// [`AttentionPrecision::Int13`](crate::AttentionPrecision::Int13)'s weight of an exp `e`
 /// (in [0, 1], or NaN): `rint(4095 · e)`, ties to even, read from the bits of `4095 · e +
-/// 1.5 · 2²³` (an f32 in [2²³, 2²⁴), whose last bit is 1: its significand is the integer;
-/// a conversion to u16 made the loop scalar). A NaN gives some weight; it came from a NaN
-/// score, which made the row's total, and so its every output, NaN.
+/// 1.5 · 2²³` (an f32 in [2²³, 2²⁴), where the last bit is worth 1, so the addition rounds
+/// to an integer and the low bits hold it; a conversion to u16 made the loop scalar). A NaN
+/// gives some weight; it came from a NaN score, which made the row's total, and so its
+/// every output, NaN.
 #[inline(always)]
 fn int13_weight(e: f32) -> u16 {
     let shifted = e * super::int13::LEVELS_F32 + ROUND_MAGIC;

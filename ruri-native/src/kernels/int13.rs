@@ -8,13 +8,13 @@
 //!
 //! The definition, per head of one text (`L` = [`LEVELS`] = 4,095):
 //!
-//! * Quantization ([`quantize_row`]): a row of q (rotated; one query) or of k (one key) has
-//!   `m = max|x|`, its multiplier `t = L / m` and scale `m / L` (f32, one rounding each), and
-//!   each value becomes `rint(x · t)` (ties to even) as an integer in `−L..=L`. A row of
-//!   zeros is zeros with scale 0; a row holding a NaN or an infinity is zeros with scale
-//!   NaN (its scores, and so its text's vector, are NaN). The values are quantized per
-//!   channel the same way, over the text's keys, with the scale `(m / L) / L` (the weights'
-//!   `1 / L` folded in).
+//! * Quantization ([`quantizer`], [`quantize`]): a row of q (rotated; one query) or of k (one
+//!   key) has `m = max|x|`, its multiplier `t = L / m` and scale `m / L` (f32, one rounding
+//!   each), and each value becomes `rint(x · t)` (ties to even) as an integer in `−L..=L`. A
+//!   row of zeros is zeros with scale 0; a row holding a NaN or an infinity has scale NaN
+//!   (its values do not matter: its scores, and so its text's vector, are NaN). The values
+//!   are quantized per channel the same way, over the text's keys, with the scale
+//!   `(m / L) / L` (the weights' `1 / L` folded in).
 //! * A score is the exact integer `Σ_c q[c] · k[c]` converted to f32 (to nearest even),
 //!   times the key's scale, times the query's: `((dot as f32) · s_k) · s_q`.
 //! * The softmax is [`AttentionPrecision::Bf16`](crate::AttentionPrecision::Bf16)'s
@@ -271,7 +271,10 @@ pub(crate) fn scores_fit(
 ) -> bool {
     super::bf16::scores_fit((q, kt, out), rows, d, g_lo, groups)
         && sq >= rows
-        && (g_lo + groups).checked_mul(LANES).is_some_and(|n| n <= sk)
+        && g_lo
+            .checked_add(groups)
+            .and_then(|g| g.checked_mul(LANES))
+            .is_some_and(|n| n <= sk)
 }
 
 /// Whether the buffers hold what [`Products::weighted_sum`] reads and writes (see
