@@ -150,6 +150,7 @@ fn pack_rows_body(x: &[f32], stride: usize, rows: usize, d: usize, out: &mut [u3
     let half = d / 2;
     assert!(d.is_multiple_of(2) && super::simd_f32::holds_rows(x.len(), rows, stride, d));
     for (r, o) in out[..rows * half].chunks_exact_mut(half).enumerate() {
+        super::int13::prefetch_ahead(x, r, stride, d);
         let row = &x[r * stride..r * stride + d];
         for (o, two) in o.iter_mut().zip(row.as_chunks::<2>().0) {
             *o = pair(two[0], two[1]);
@@ -804,6 +805,8 @@ fn pack_values_body(v: &[f32], stride: usize, len: usize, d: usize, out: &mut Al
     out.clear();
     out.resize(len.div_ceil(2) * d, 0);
     for (p, o) in out.chunks_exact_mut(d.max(1)).enumerate() {
+        super::int13::prefetch_ahead(v, 2 * p, stride, d);
+        super::int13::prefetch_ahead(v, 2 * p + 1, stride, d);
         let even = &v[2 * p * stride..2 * p * stride + d];
         if 2 * p + 1 < len {
             let odd = &v[(2 * p + 1) * stride..(2 * p + 1) * stride + d];

@@ -112,9 +112,10 @@ fn quantize_row(x: &[f32], out: &mut [i16]) -> f32 {
 /// prefetchers leave to miss.
 const ROWS_AHEAD: usize = 8;
 
-/// Asks for row `j + ROWS_AHEAD` of `x` (rows of `d` at `stride`), if there is one.
+/// Asks for row `j + ROWS_AHEAD` of `x` (rows of `d` at `stride`), if there is one (int13's
+/// and bf16's packing).
 #[inline(always)]
-fn prefetch_ahead(x: &[f32], j: usize, stride: usize, d: usize) {
+pub(crate) fn prefetch_ahead(x: &[f32], j: usize, stride: usize, d: usize) {
     let start = (j + ROWS_AHEAD) * stride;
     if let Some(row) = x.get(start..start + d) {
         row.chunks(16).for_each(super::simd_f32::prefetch);
@@ -467,9 +468,11 @@ pub(crate) enum Products {
 }
 
 impl Products {
-    /// The fastest tiles this CPU has, else the portable loops.
+    /// The fastest tiles this CPU has, else the portable loops (found once per process:
+    /// every layer of every call asks).
     pub(crate) fn detect() -> Self {
-        Self::all().pop().expect("the portable loops at least")
+        static DETECTED: std::sync::OnceLock<Products> = std::sync::OnceLock::new();
+        *DETECTED.get_or_init(|| Self::all().pop().expect("the portable loops at least"))
     }
 
     /// The variant's name in benchmarks.
