@@ -238,9 +238,14 @@ fn pack_values_body(
             *m = max_abs_step(*m, x);
         }
     }
-    let (t, s): (Vec<f32>, Vec<f32>) = m.iter().map(|&m| quantizer(m)).unzip();
+    // Each channel's scale kept, its multiplier in place of its largest magnitude.
     scales.clear();
-    scales.extend(s.iter().map(|&s| s / LEVELS_F32));
+    for m in m.iter_mut() {
+        let (t, scale) = quantizer(*m);
+        scales.push(scale / LEVELS_F32);
+        *m = t;
+    }
+    let t = m;
     out.clear();
     out.resize(len.div_ceil(2) * d, 0);
     let zeros = vec![0.0f32; d];
