@@ -51,8 +51,8 @@ const _: () = assert!(
 );
 
 /// A row's (or a channel's) multiplier and scale from its largest magnitude `m` (see the
-/// module's definition).
-#[inline(always)]
+/// module's definition): the scalar form of [`quantizers`], for the tests' definition.
+#[cfg(test)]
 fn quantizer(m: f32) -> (f32, f32) {
     if m > 0.0 && m.is_finite() {
         (LEVELS_F32 / m, m / LEVELS_F32)
@@ -63,26 +63,39 @@ fn quantizer(m: f32) -> (f32, f32) {
     }
 }
 
-/// The larger of a largest magnitude so far and `|v|`, NaN once either is.
+/// The multipliers and scales of up to [`LANES`] rows (or channels) from their largest
+/// magnitudes, as [`quantizer`] gives them one by one: `t[i]` takes `m[i]`'s place. Both
+/// divisions are computed for every lane and the results selected (a vector division: one
+/// row's two scalar divisions were a tenth of a short text's attention).
 #[inline(always)]
-fn max_abs_step(m: f32, v: f32) -> f32 {
-    let a = v.abs();
-    if a > m || a.is_nan() { a } else { m }
+fn quantizers(t: &mut [f32], scales: &mut [f32]) {
+    for (t, s) in t.iter_mut().zip(scales) {
+        let m = *t;
+        // m ≥ 0 or NaN: a largest magnitude.
+        // (L / ∞ is 0: an infinite m needs no case of its own here. A zero row's
+        // multiplier L / 0 = ∞ would give its values 0 · ∞ = NaN, which `quantize` happens
+        // to read as 0; 0 says so plainly.)
+        let (up, down) = (LEVELS_F32 / m, m / LEVELS_F32);
+        *t = if m > 0.0 { up } else { 0.0 };
+        let finite = m.is_finite();
+        *s = if finite { down } else { f32::NAN };
+    }
 }
 
-/// The largest magnitude of `x`, NaN if `x` holds one (in lanes: the loop vectorizes; a
-/// max needs no order).
+/// The bits of `|x|`: as unsigned integers they order the magnitudes, and every NaN's lie
+/// above infinity's, so the largest bits are the largest magnitude, or a NaN where one is
+/// (in any order, in integer maxes that vectorize).
+#[inline(always)]
+fn abs_bits(x: f32) -> u32 {
+    x.to_bits() & 0x7fff_ffff
+}
+
+/// The largest magnitude of `x`, a NaN if `x` holds one (see [`abs_bits`]). A plain fold:
+/// the compiler vectorizes an integer max (it is associative) and folds the lanes in vector
+/// steps, where lanes of its own made it compare lane by lane in scalars.
 #[inline(always)]
 fn max_abs(x: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; LANES];
-    let (chunks, rest) = x.as_chunks::<LANES>();
-    for chunk in chunks {
-        for (m, &v) in lanes.iter_mut().zip(chunk) {
-            *m = max_abs_step(*m, v);
-        }
-    }
-    let m = rest.iter().fold(0.0f32, |m, &v| max_abs_step(m, v));
-    lanes.iter().fold(m, |m, &v| max_abs_step(m, v))
+    f32::from_bits(x.iter().fold(0, |m, &v| m.max(abs_bits(v))))
 }
 
 /// `rint(x · t)`, ties to even, in `−L..=L`: `x · t` clamped to ±L, plus 1.5 · 2²³
@@ -97,10 +110,16 @@ fn quantize(x: f32, t: f32) -> i16 {
     shifted.to_bits().wrapping_sub(magic.to_bits()) as i16
 }
 
-/// A row quantized as the module says: its values into `out`, its scale returned.
+/// A row quantized as the module says, one value at a time: its values into `out`, its
+/// scale returned (the tests' definition; its largest magnitude a fold of f32 comparisons,
+/// not [`max_abs`]'s bits).
 #[cfg(test)]
 fn quantize_row(x: &[f32], out: &mut [i16]) -> f32 {
-    let (t, scale) = quantizer(max_abs(x));
+    let m = x.iter().fold(0.0f32, |m, &v| {
+        let a = v.abs();
+        if a > m || a.is_nan() { a } else { m }
+    });
+    let (t, scale) = quantizer(m);
     for (o, &v) in out.iter_mut().zip(x) {
         *o = quantize(v, t);
     }
@@ -160,6 +179,27 @@ multiversion! {
     fn pack_values / pack_values_body(v: &[f32], stride: usize, len: usize, d: usize, out: &mut Aligned<u32>, scales: &mut Vec<f32>)
 }
 
+/// Rows `first..first + n` (`n` ≤ [`LANES`]) of `x` (rows of `d` at `stride`) quantized:
+/// each row's multiplier into `t[i]`, its scale into `scales[i]` (the rest of both 0), the
+/// rows read once here, their prefetches asked for, so that the quantization finds them in
+/// the first-level cache.
+#[inline(always)]
+fn group_quantizers(
+    x: &[f32],
+    stride: usize,
+    (first, n): (usize, usize),
+    d: usize,
+    t: &mut [f32; LANES],
+    scales: &mut [f32],
+) {
+    t.fill(0.0);
+    for (i, m) in t.iter_mut().enumerate().take(n) {
+        prefetch_ahead(x, first + i, stride, d);
+        *m = max_abs(&x[(first + i) * stride..(first + i) * stride + d]);
+    }
+    quantizers(t, scales);
+}
+
 #[inline(always)]
 fn pack_queries_body(
     q: &[f32],
@@ -174,15 +214,20 @@ fn pack_queries_body(
     out.clear();
     out.resize(rows * half, 0);
     scales.clear();
-    for (r, o) in out.chunks_exact_mut(half.max(1)).enumerate() {
-        prefetch_ahead(q, r, stride, d);
-        let row = &q[r * stride..r * stride + d];
-        let (t, scale) = quantizer(max_abs(row));
-        scales.push(scale);
-        for (o, two) in o.iter_mut().zip(row.as_chunks::<2>().0) {
-            *o = pair(quantize(two[0], t), quantize(two[1], t));
+    scales.resize(rows.next_multiple_of(LANES), 0.0);
+    let mut t = [0.0f32; LANES];
+    for (g, s) in scales.as_chunks_mut::<LANES>().0.iter_mut().enumerate() {
+        let (first, n) = (g * LANES, (rows - g * LANES).min(LANES));
+        group_quantizers(q, stride, (first, n), d, &mut t, s);
+        let out = &mut out[first * half..(first + n) * half];
+        for ((o, &t), r) in out.chunks_exact_mut(half.max(1)).zip(&t).zip(first..) {
+            let row = &q[r * stride..r * stride + d];
+            for (o, two) in o.iter_mut().zip(row.as_chunks::<2>().0) {
+                *o = pair(quantize(two[0], t), quantize(two[1], t));
+            }
         }
     }
+    scales.truncate(rows);
 }
 
 #[inline(always)]
@@ -201,23 +246,39 @@ fn pack_keys_body(
     out.resize(groups * half * LANES, 0);
     scales.clear();
     scales.resize(groups * LANES, 0.0);
-    // A key's pairs packed contiguously (the conversions vectorize), then written into
-    // its lane of the group.
-    let mut pairs = vec![0u32; half];
-    for j in 0..len {
-        prefetch_ahead(k, j, stride, d);
-        let row = &k[j * stride..j * stride + d];
-        let (t, scale) = quantizer(max_abs(row));
-        scales[j] = scale;
-        for (o, two) in pairs.iter_mut().zip(row.as_chunks::<2>().0) {
-            *o = pair(quantize(two[0], t), quantize(two[1], t));
-        }
-        let (g, i) = (j / LANES, j % LANES);
-        for (c, &x) in pairs.iter().enumerate() {
-            out[(g * half + c) * LANES + i] = x;
+    // A group of keys at a time: their quantizers in one vector, then each key's pairs
+    // quantized (in vectors) into a row of pairs and written into its lane of the
+    // group's pairs.
+    let (mut t, mut pairs) = ([0.0f32; LANES], [0u32; PAIRS_AT_ONCE]);
+    let groups_out = out.as_chunks_mut::<LANES>().0.chunks_exact_mut(half.max(1));
+    for ((g, s), lanes) in scales
+        .as_chunks_mut::<LANES>()
+        .0
+        .iter_mut()
+        .enumerate()
+        .zip(groups_out)
+    {
+        let (first, n) = (g * LANES, (len - g * LANES).min(LANES));
+        group_quantizers(k, stride, (first, n), d, &mut t, s);
+        for ((i, &t), j) in t.iter().enumerate().take(n).zip(first..) {
+            let row = &k[j * stride..j * stride + d];
+            let chunks = lanes
+                .chunks_mut(PAIRS_AT_ONCE)
+                .zip(row.chunks(2 * PAIRS_AT_ONCE));
+            for (lanes, row) in chunks {
+                for (o, two) in pairs.iter_mut().zip(row.as_chunks::<2>().0) {
+                    *o = pair(quantize(two[0], t), quantize(two[1], t));
+                }
+                for (lane, &x) in lanes.iter_mut().zip(&pairs) {
+                    lane[i] = x;
+                }
+            }
         }
     }
 }
+
+/// Pairs a key's packing converts before it writes them into their lanes.
+const PAIRS_AT_ONCE: usize = 64;
 
 #[inline(always)]
 fn pack_values_body(
@@ -230,38 +291,39 @@ fn pack_values_body(
 ) {
     assert!(super::simd_f32::holds_rows(v.len(), len, stride, d));
     let row = |j: usize| &v[j * stride..j * stride + d];
-    // Each channel's largest magnitude, key after key (a NaN stays).
-    let mut m = vec![0.0f32; d];
+    // `scales` holds the channels' scales, and past them, while the values are packed,
+    // their multipliers (no buffer of its own a call).
+    scales.clear();
+    scales.resize(2 * d, 0.0);
+    let (s, t) = scales.split_at_mut(d);
+    // Each channel's largest magnitude, key after key (see `abs_bits`; as f32 bits in the
+    // multipliers' place), then its multiplier and scale.
     for j in 0..len {
         prefetch_ahead(v, j, stride, d);
-        for (m, &x) in m.iter_mut().zip(row(j)) {
-            *m = max_abs_step(*m, x);
+        for (m, &x) in t.iter_mut().zip(row(j)) {
+            *m = f32::from_bits(m.to_bits().max(abs_bits(x)));
         }
     }
-    // Each channel's scale kept, its multiplier in place of its largest magnitude.
-    scales.clear();
-    for m in m.iter_mut() {
-        let (t, scale) = quantizer(*m);
-        scales.push(scale / LEVELS_F32);
-        *m = t;
-    }
-    let t = m;
+    quantizers(t, s);
+    // The weights' 1 / L folded into the scales.
+    s.iter_mut().for_each(|s| *s /= LEVELS_F32);
     out.clear();
     out.resize(len.div_ceil(2) * d, 0);
-    let zeros = vec![0.0f32; d];
     for (p, o) in out.chunks_exact_mut(d.max(1)).enumerate() {
-        let (even, odd) = (
-            row(2 * p),
-            if 2 * p + 1 < len {
-                row(2 * p + 1)
-            } else {
-                &zeros
-            },
-        );
-        for (((o, &lo), &hi), &t) in o.iter_mut().zip(even).zip(odd).zip(&t) {
-            *o = pair(quantize(lo, t), quantize(hi, t));
+        let even = row(2 * p);
+        if 2 * p + 1 < len {
+            let odd = row(2 * p + 1);
+            for (((o, &lo), &hi), &t) in o.iter_mut().zip(even).zip(odd).zip(&*t) {
+                *o = pair(quantize(lo, t), quantize(hi, t));
+            }
+        } else {
+            // The key past the last of an odd `len`: a zero.
+            for ((o, &lo), &t) in o.iter_mut().zip(even).zip(&*t) {
+                *o = pair(quantize(lo, t), 0);
+            }
         }
     }
+    scales.truncate(d);
 }
 
 /// Whether the buffers hold what [`Products::scores`] reads and writes (see
@@ -595,6 +657,72 @@ mod tests {
         assert!(quantize_row(&[1.0, f32::NAN], &mut q[..2]).is_nan());
         assert!(quantize_row(&[f32::INFINITY, 1.0], &mut q[..2]).is_nan());
         assert_eq!(unpair(pair(-4095, 17)), (-4095, 17));
+    }
+
+    /// The packers (a group of rows at a time, their maxes as integer bits, their
+    /// quantizers in vectors) give each row's and each channel's values and scale as the
+    /// one-value-at-a-time definition does, rows of zeros, NaNs and infinities included, on
+    /// heads wider than a key's pairs at once and texts past one group of keys.
+    #[test]
+    fn packers_quantize_as_the_definition_does() {
+        for (len, d) in [(1, 2), (5, 64), (20, 64), (37, 160), (16, 24)] {
+            let stride = d + 3;
+            let mut x = values(len as u64 * 31 + d as u64, len * stride, 7);
+            if len > 1 {
+                x[stride..stride + d].fill(0.0);
+            }
+            if len > 3 {
+                x[2 * stride + d / 2] = f32::NAN;
+                x[3 * stride] = f32::NEG_INFINITY;
+            }
+            let bits = |s: f32| if s.is_nan() { u32::MAX } else { s.to_bits() };
+            let mut want = vec![0i16; d];
+            // Queries and keys: per row.
+            let (mut q, mut sq) = (Vec::new(), Vec::new());
+            pack_queries(&x, stride, len, d, &mut q, &mut sq);
+            let (mut k, mut sk) = (Aligned::default(), Aligned::default());
+            pack_keys(&x, stride, len, d, &mut k, &mut sk);
+            assert_eq!((sq.len(), sk.len()), (len, len.next_multiple_of(LANES)));
+            assert!(sk[len..].iter().all(|&s| s == 0.0));
+            let half = d / 2;
+            for j in 0..len {
+                let s = quantize_row(&x[j * stride..j * stride + d], &mut want);
+                assert_eq!(
+                    (bits(sq[j]), bits(sk[j])),
+                    (bits(s), bits(s)),
+                    "{len} {d} {j}"
+                );
+                if s.is_nan() {
+                    continue;
+                }
+                for c in 0..half {
+                    let expected = pair(want[2 * c], want[2 * c + 1]);
+                    let key = k[((j / LANES) * half + c) * LANES + j % LANES];
+                    assert_eq!(
+                        (q[j * half + c], key),
+                        (expected, expected),
+                        "{len} {d} {j} {c}"
+                    );
+                }
+            }
+            // Values: per channel, over the keys.
+            let (mut v, mut sv) = (Aligned::default(), Vec::new());
+            pack_values(&x, stride, len, d, &mut v, &mut sv);
+            assert_eq!((sv.len(), v.len()), (d, len.div_ceil(2) * d));
+            let mut column = vec![0i16; len + 1];
+            for c in 0..d {
+                let channel: Vec<f32> = (0..len).map(|j| x[j * stride + c]).collect();
+                let s = quantize_row(&channel, &mut column[..len]) / LEVELS_F32;
+                assert_eq!(bits(sv[c]), bits(s), "{len} {d} {c}");
+                if !s.is_nan() {
+                    column[len] = 0;
+                    for p in 0..len.div_ceil(2) {
+                        let expected = pair(column[2 * p], column[2 * p + 1]);
+                        assert_eq!(v[p * d + c], expected, "{len} {d} {c} {p}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]
