@@ -1063,9 +1063,8 @@ fn sum_loops<const FAST: bool>(p: &[u16], v: &[u32], d: usize, o: &mut [f32]) {
 fn own_max(
     blocks: &[[f32; LANES]],
     (whole_lo, whole_hi): (usize, usize),
-    edges: [usize; 2],
-    masked: impl Fn(usize) -> bool,
-    own_lane: impl Fn(usize) -> [bool; LANES],
+    edges: [Option<usize>; 2],
+    own: (usize, usize),
 ) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; LANES];
     for block in &blocks[whole_lo.min(whole_hi)..whole_hi] {
@@ -1073,14 +1072,41 @@ fn own_max(
             *m = if x > *m { x } else { *m };
         }
     }
-    for b in edges.into_iter().filter(|&b| masked(b)) {
-        for ((m, &x), own) in lanes.iter_mut().zip(&blocks[b]).zip(own_lane(b)) {
+    for b in edges.into_iter().flatten() {
+        for ((m, &x), own) in lanes.iter_mut().zip(&blocks[b]).zip(own_lanes(b, own)) {
             *m = if own && x > *m { x } else { *m };
         }
     }
     lanes
         .iter()
         .fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m })
+}
+
+/// Which lanes of block `b` are own keys: lane `i` iff `b · LANES + i` is in `lo..hi`.
+/// (This and [`softmax_masked_block`] are functions, not closures: a closure is compiled
+/// without its caller's target features, and ran a short text's masked blocks on SSE2.)
+#[inline(always)]
+fn own_lanes(b: usize, (lo, hi): (usize, usize)) -> [bool; LANES] {
+    std::array::from_fn(|i| (lo..hi).contains(&(b * LANES + i)))
+}
+
+/// A block that holds other keys beside own ones ([`softmax_blocks_body`] with the others'
+/// exps 0): lane by lane, `e = 2^(x · c − max)` if own, else 0, added to `partial[i]`, its
+/// weight into `w[i]`.
+#[inline(always)]
+fn softmax_masked_block<const INT13: bool>(
+    block: &[f32; LANES],
+    own: [bool; LANES],
+    (c, max): (f32, f32),
+    w: &mut [u16; LANES],
+    partial: &mut [f32; LANES],
+) {
+    for (((w, acc), &x), own) in w.iter_mut().zip(partial.iter_mut()).zip(block).zip(own) {
+        let e = exp2_nonpositive(x * c - max);
+        let e = if own { e } else { 0.0 };
+        *acc += e;
+        *w = if INT13 { int13_weight(e) } else { weight(e) };
+    }
 }
 
 /// The softmax's blocks of own keys only: lane `i` of each block in turn, `e =
@@ -1188,20 +1214,13 @@ fn softmax_rows<const INT13: bool>(
         // loops vectorize plainly).
         let (b_lo, b_hi) = (lo / LANES, hi.div_ceil(LANES));
         let (whole_lo, whole_hi) = (lo.div_ceil(LANES), hi / LANES);
-        let edges = [b_lo, b_hi.saturating_sub(1)];
         let masked = |b: usize| (b_lo..b_hi).contains(&b) && !(whole_lo..whole_hi).contains(&b);
-        // Lane i of block b is own iff b·LANES + i is in lo..hi.
-        let own_lane = |b: usize| {
-            let mut own = [false; LANES];
-            for (i, o) in own.iter_mut().enumerate() {
-                *o = (lo..hi).contains(&(b * LANES + i));
-            }
-            own
-        };
+        let first = masked(b_lo).then_some(b_lo);
+        let last = (b_hi > b_lo && b_hi - 1 != b_lo && masked(b_hi - 1)).then(|| b_hi - 1);
         // The max of the scores (a max is exact: its order does not matter), unless given.
         let max = match maxes {
             Some(maxes) => maxes[r],
-            None => own_max(blocks, (whole_lo, whole_hi), edges, masked, own_lane),
+            None => own_max(blocks, (whole_lo, whole_hi), [first, last], (lo, hi)),
         };
         // max(s) · c is the max of the s · c (rounding is monotone).
         let max = max * c;
@@ -1209,21 +1228,9 @@ fn softmax_rows<const INT13: bool>(
         // 2^(s · c − max), the partial sums and the weights, block after block (each lane's sum
         // in key order): the first block if masked, the whole ones, the last if masked.
         let mut partial = [0.0f32; LANES];
-        let masked_block = |b: usize, w: &mut [u16; LANES], partial: &mut [f32; LANES]| {
-            for (((w, acc), &x), own) in w
-                .iter_mut()
-                .zip(partial.iter_mut())
-                .zip(&blocks[b])
-                .zip(own_lane(b))
-            {
-                let e = exp2_nonpositive(x * c - max);
-                let e = if own { e } else { 0.0 };
-                *acc += e;
-                *w = if INT13 { int13_weight(e) } else { weight(e) };
-            }
-        };
-        if masked(b_lo) {
-            masked_block(b_lo, &mut weights[b_lo], &mut partial);
+        if let Some(b) = first {
+            let own = own_lanes(b, (lo, hi));
+            softmax_masked_block::<INT13>(&blocks[b], own, (c, max), &mut weights[b], &mut partial);
         }
         match () {
             #[cfg(target_arch = "x86_64")]
@@ -1248,8 +1255,9 @@ fn softmax_rows<const INT13: bool>(
             ),
             _ => {}
         }
-        if b_hi > b_lo && b_hi - 1 != b_lo && masked(b_hi - 1) {
-            masked_block(b_hi - 1, &mut weights[b_hi - 1], &mut partial);
+        if let Some(b) = last {
+            let own = own_lanes(b, (lo, hi));
+            softmax_masked_block::<INT13>(&blocks[b], own, (c, max), &mut weights[b], &mut partial);
         }
         weights[..b_lo].iter_mut().for_each(|w| w.fill(0));
         weights[b_hi..].iter_mut().for_each(|w| w.fill(0));
