@@ -10,13 +10,14 @@
 //! cargo run --release -p ruri-native --example wasm_reference -- MODEL_DIR REFERENCE.json OUT.json [WORKLOAD_DIR]
 //! ```
 //!
-//! OUT.json: `{"kernel", "items": [{"id", "vector"}], "query_ms": {"p50", "p99", "runs"},
-//! "documents_per_s"}` (the speed only with a workload).
+//! OUT.json: `{"kernel", "items": [{"id", "vector"}], "attention": {"int13": [{"id",
+//! "vector"}], "bf16": […]}, "query_ms": {"p50", "p99", "runs"}, "documents_per_s"}` (the
+//! vectors with those attention precisions; the speed only with a workload).
 
 use std::time::Instant;
 
 use ruri_core::{EmbedOptions, Task};
-use ruri_native::{EmbeddingTable, Precision};
+use ruri_native::{AttentionPrecision, EmbeddingTable, Precision};
 use serde_json::{Value, json};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -34,27 +35,42 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let items = reference["items"]
         .as_array()
         .ok_or("no items in the reference")?;
-    // ruri-wasm's defaults: int8, the token-embedding table in int8 per row.
-    let embedder = ruri_native::builder()
-        .precision(Precision::Int8)
-        .embedding_table(EmbeddingTable::Int8)
-        .threads(1)
-        .build_from_dir(model)?;
-    let mut vectors = Vec::new();
-    for item in items {
-        let text = item["text"].as_str().ok_or("an item without text")?;
-        let task = match item["prompt_name"].as_str().unwrap_or("") {
-            "" => Task::None,
-            "query" => Task::Query,
-            "document" => Task::Document,
-            "topic" => Task::Topic,
-            other => Task::Named(other.to_owned()),
+    // ruri-wasm's defaults: int8, the token-embedding table in int8 per row; f32 attention,
+    // then each other attention precision.
+    let build = |attention| {
+        ruri_native::builder()
+            .precision(Precision::Int8)
+            .embedding_table(EmbeddingTable::Int8)
+            .attention(attention)
+            .threads(1)
+            .build_from_dir(model)
+    };
+    let vectors =
+        |embedder: &ruri_core::TextEmbedder| -> Result<Vec<Value>, Box<dyn std::error::Error>> {
+            let mut vectors = Vec::new();
+            for item in items {
+                let text = item["text"].as_str().ok_or("an item without text")?;
+                let task = match item["prompt_name"].as_str().unwrap_or("") {
+                    "" => Task::None,
+                    "query" => Task::Query,
+                    "document" => Task::Document,
+                    "topic" => Task::Topic,
+                    other => Task::Named(other.to_owned()),
+                };
+                let out = embedder.embed_with(&[text], &EmbedOptions::new(task))?;
+                vectors.push(json!({ "id": item["id"], "vector": out.get(0).ok_or("no vector")? }));
+            }
+            Ok(vectors)
         };
-        let out = embedder.embed_with(&[text], &EmbedOptions::new(task))?;
-        vectors.push(json!({ "id": item["id"], "vector": out.get(0).ok_or("no vector")? }));
-    }
+    let embedder = build(AttentionPrecision::F32)?;
     let kernel = ruri_native::Kernel::from_env()?;
-    let mut report = json!({ "kernel": kernel.name(), "items": vectors });
+    let mut report = json!({ "kernel": kernel.name(), "items": vectors(&embedder)? });
+    for (name, attention) in [
+        ("int13", AttentionPrecision::Int13),
+        ("bf16", AttentionPrecision::Bf16),
+    ] {
+        report["attention"][name] = json!(vectors(&build(attention)?)?);
+    }
     if let Some(dir) = workload {
         let texts = |file: &str| -> Result<Vec<String>, Box<dyn std::error::Error>> {
             std::fs::read_to_string(dir.join(file))?

@@ -104,7 +104,8 @@
 //!   channel's scale (divided by 4,095 once more), times `1 / total`.
 //!
 //! Every sum is an integer computed exactly, so the order of the sums does not matter: the
-//! tiles and the portable loops (every CPU without AVX-512 VNNI) give the same bits, and a
+//! tiles (AVX-512 VNNI's, AVX2's `vpmaddwd`, WebAssembly simd128's `i32x4.dot_i16x8_s`) and
+//! the portable loops (aarch64, the scalar kernel) give the same bits, and a
 //! text's vector is the same alone, in any batch, on any thread count
 //! (`tools/testdata/int8_reference.py --attention int13` writes the definition in NumPy; the
 //! engine matches it bit for bit). What it costs in accuracy: min cosine 0.9999994 to f32
@@ -517,6 +518,76 @@ pub mod bench {
         )
     }
 
+    /// int13 attention's two products ([`AttentionPrecision::Int13`](crate::AttentionPrecision::Int13))
+    /// of one head, on the variant named `products` (`portable`, `avx2`, `avx512vnni`,
+    /// `simd128`), for tests that check them against sums computed elsewhere (ruri-wasm's
+    /// node test). `q` (`rows × d`), `k` and `v` (`keys × d`, row-major) are quantized as
+    /// attention quantizes them: a row of q or k, or a channel of v, whose largest magnitude
+    /// is 4,095 keeps integer values as they are, with the scale 1. Returns every query's
+    /// scores against every key (`rows × keys`) and the exact sums `Σ_j p[r][j] · v[j][c]`
+    /// (`rows × d`; `p`: `rows × keys` weights of at most 4,095). `None` when the variant
+    /// does not run here, `d` is odd or 0, a weight is over 4,095, or a length does not
+    /// match the shape.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    pub fn int13_products(
+        products: &str,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        p: &[u16],
+        rows: usize,
+        keys: usize,
+        d: usize,
+    ) -> Option<(Vec<f32>, Vec<i64>)> {
+        use crate::kernels::{aligned::Aligned, bf16::LANES, int13};
+        let products = int13::Products::all()
+            .into_iter()
+            .find(|x| x.name() == products)?;
+        let fits = d > 0
+            && d.is_multiple_of(2)
+            && q.len() == rows.checked_mul(d)?
+            && k.len() == keys.checked_mul(d)?
+            && v.len() == k.len()
+            && p.len() == rows.checked_mul(keys)?
+            && p.iter().all(|&w| i32::from(w) <= int13::LEVELS);
+        if !fits {
+            return None;
+        }
+        let (mut qp, mut sq) = (Vec::new(), Vec::new());
+        int13::pack_queries(q, d, rows, d, &mut qp, &mut sq);
+        let (mut kt, mut sk) = (Aligned::default(), Aligned::default());
+        int13::pack_keys(k, d, keys, d, &mut kt, &mut sk);
+        let (mut vp, mut sv) = (Aligned::default(), Vec::new());
+        int13::pack_values(v, d, keys, d, &mut vp, &mut sv);
+        let groups = keys.div_ceil(LANES);
+        let width = groups * LANES;
+        let mut scores = vec![0.0; rows * width];
+        products.scores(
+            (&qp, &sq),
+            rows,
+            d,
+            (&kt, &sk),
+            (0, groups),
+            &mut scores,
+            None,
+        );
+        // The weights in rows of whole pairs (a zero after an odd count).
+        let pairs = keys.div_ceil(2);
+        let mut weights = vec![0u16; rows * 2 * pairs];
+        for (w, p) in weights
+            .chunks_exact_mut(2 * pairs)
+            .zip(p.chunks_exact(keys.max(1)))
+        {
+            w[..keys].copy_from_slice(p);
+        }
+        let mut sums = vec![0i64; rows * d];
+        products.weighted_sum(&weights, rows, 2 * pairs, &vp, (0, pairs), d, &mut sums);
+        let scores = scores
+            .chunks_exact(width.max(1))
+            .flat_map(|row| row[..keys].iter().copied());
+        Some((scores.collect(), sums))
+    }
+
     #[cfg(test)]
     mod tests {
         /// Rows of no values are nothing to do, not a panic (`chunks_exact(0)` panics).
@@ -531,6 +602,56 @@ pub mod bench {
                 (out[0] + 2.0).abs() < 1e-4 && (out[1] - 1.0).abs() < 1e-4,
                 "{out:?}"
             );
+        }
+
+        /// `int13_products` (what ruri-wasm's kernel test calls) keeps integer rows whose
+        /// largest magnitude is 4,095 and gives the exact sums, on every variant this CPU
+        /// runs; it refuses unknown variants and shapes that do not match.
+        #[test]
+        fn int13_products_are_the_exact_sums() {
+            let (rows, keys, d) = (3, 37, 24);
+            let mut state = 0x2545_f491u32;
+            let mut next = move || {
+                state ^= state << 13;
+                state ^= state >> 17;
+                state ^= state << 5;
+                state
+            };
+            let mut value = || (next() % 8191) as f32 - 4095.0;
+            let mut q: Vec<f32> = (0..rows * d).map(|_| value()).collect();
+            let mut k: Vec<f32> = (0..keys * d).map(|_| value()).collect();
+            let mut v: Vec<f32> = (0..keys * d).map(|_| value()).collect();
+            // Each row of q and k, and each channel of v, reaches 4,095.
+            (0..rows).for_each(|r| q[r * d + r % d] = -4095.0);
+            (0..keys).for_each(|j| k[j * d + j % d] = 4095.0);
+            (0..d).for_each(|c| v[(c % keys) * d + c] = 4095.0);
+            let p: Vec<u16> = (0..rows * keys).map(|i| (i * 977 % 4096) as u16).collect();
+            for products in crate::kernels::int13::Products::all() {
+                let name = products.name();
+                let (scores, sums) =
+                    super::int13_products(name, &q, &k, &v, &p, rows, keys, d).expect(name);
+                for r in 0..rows {
+                    for j in 0..keys {
+                        let dot: f64 = (0..d).map(|c| f64::from(q[r * d + c] * k[j * d + c])).sum();
+                        assert_eq!(scores[r * keys + j], dot as f32, "{name} {r} {j}");
+                    }
+                    for c in 0..d {
+                        let sum: i64 = (0..keys)
+                            .map(|j| i64::from(p[r * keys + j]) * v[j * d + c] as i64)
+                            .sum();
+                        assert_eq!(sums[r * d + c], sum, "{name} {r} {c}");
+                    }
+                }
+            }
+            let call = |name: &str, p: &[u16], d: usize| {
+                super::int13_products(name, &q, &k, &v, p, rows, keys, d)
+            };
+            assert!(call("simd9", &p, d).is_none());
+            assert!(call("portable", &p[1..], d).is_none());
+            assert!(call("portable", &p, d + 1).is_none());
+            let mut heavy = p.clone();
+            heavy[5] = 4096;
+            assert!(call("portable", &heavy, d).is_none());
         }
     }
 }

@@ -32,7 +32,7 @@
 #![forbid(unsafe_code)]
 
 use ruri_core::{Error, ModelConfig, Prompts, TextEmbedder, Tokenizer};
-use ruri_native::{EmbeddingTable, Kernel, NativeBuilder, Precision};
+use ruri_native::{AttentionPrecision, EmbeddingTable, Kernel, NativeBuilder, Precision};
 use wasm_bindgen::prelude::*;
 
 /// A Ruri v3 embedder on ruri's native engine (int8 by default).
@@ -51,7 +51,11 @@ impl Embedder {
     /// `kernel` (`"simd128"` or `"scalar"`; default simd128), `precision` (`"int8"` or
     /// `"fp32"`; default int8), `embeddingTable` (`"int8"`: each row of the token-embedding
     /// table quantized at load, 8-bit per row, dequantized per token; `"f32"`: held as the
-    /// checkpoint's values, 4× the memory; default int8), `maxLength` (tokens, special ones
+    /// checkpoint's values, 4× the memory; default int8), `attention` (how attention's two
+    /// products are computed: `"f32"`, the default; `"int13"`, 13-bit integers with exact
+    /// sums, faster on long texts with simd128's `i32x4.dot_i16x8_s`; `"bf16"`; the same bits
+    /// as the x86 engine's with the same option, ruri-native's `AttentionPrecision`),
+    /// `maxLength` (tokens, special ones
     /// included; default the model's `max_position_embeddings`, as sentence-transformers'
     /// 8192 for Ruri v3). The bytes are read a slice at a time, as [`EmbedderLoader`]
     /// reads them: drop your array after the constructor returns.
@@ -169,6 +173,7 @@ impl EmbedderLoader {
         let mut builder = NativeBuilder::default()
             .precision(options.precision)
             .embedding_table(options.table)
+            .attention(options.attention)
             .threads(1);
         if let Some(kernel) = options.kernel {
             builder = builder.kernel(kernel);
@@ -323,6 +328,39 @@ pub fn int8_gemm(
     })
 }
 
+/// int13 attention's two products of one head on `products` (`"simd128"`, this build's
+/// tiles, or `"portable"`, the loops other machines run), for the kernel test
+/// (`tests/kernel.mjs`), which checks them against sums computed in JavaScript: `q`
+/// (`rows × d`), `k` and `v` (`keys × d`) in rows whose largest magnitude is 4,095 (so that
+/// their integer values are kept), `p` the weights (`rows × keys`, at most 4,095). Returns
+/// `[scores, sums]`: a `Float32Array` of `rows × keys` scores and a `BigInt64Array` of the
+/// `rows × d` exact sums `Σ_j p[r][j] · v[j][c]`. Not a stable API.
+#[wasm_bindgen(js_name = int13Products)]
+#[allow(clippy::too_many_arguments)]
+pub fn int13_products(
+    products: &str,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    p: &[u16],
+    rows: usize,
+    keys: usize,
+    d: usize,
+) -> Result<js_sys::Array, JsValue> {
+    let (scores, sums) = ruri_native::bench::int13_products(products, q, k, v, p, rows, keys, d)
+        .ok_or_else(|| {
+            to_js(Error::InvalidOption {
+                name: "int13Products",
+                value: format!("{products}: {rows} × {keys} × {d}"),
+                reason: "an unknown variant, or lengths that do not match the shape",
+            })
+        })?;
+    let out = js_sys::Array::new();
+    out.push(&js_sys::Float32Array::from(&scores[..]));
+    out.push(&js_sys::BigInt64Array::from(&sums[..]));
+    Ok(out)
+}
+
 /// Bytes of this module's linear memory (it only grows): with the JavaScript heap, what a
 /// Cloudflare Worker's memory limit counts.
 #[wasm_bindgen(js_name = wasmMemoryBytes)]
@@ -356,6 +394,7 @@ struct Options {
     kernel: Option<Kernel>,
     precision: Precision,
     table: EmbeddingTable,
+    attention: AttentionPrecision,
     max_length: Option<usize>,
 }
 
@@ -366,6 +405,7 @@ impl Options {
             precision: Precision::Int8,
             // 26 MB instead of 105 for Ruri v3, and nothing to read rows from.
             table: EmbeddingTable::Int8,
+            attention: AttentionPrecision::F32,
             max_length: None,
         };
         let Some(object) = object else {
@@ -396,6 +436,20 @@ impl Options {
                         name: "embeddingTable",
                         value: name,
                         reason: "known: int8, f32",
+                    });
+                }
+            };
+        }
+        if let Some(name) = string_option(object, "attention")? {
+            options.attention = match name.as_str() {
+                "f32" => AttentionPrecision::F32,
+                "bf16" => AttentionPrecision::Bf16,
+                "int13" => AttentionPrecision::Int13,
+                _ => {
+                    return Err(Error::InvalidOption {
+                        name: "attention",
+                        value: name,
+                        reason: "known: f32, bf16, int13",
                     });
                 }
             };

@@ -3,7 +3,8 @@
 // ArrayBuffers + wasm linear memory) after load, at peak and at the end of 200 queries + 50 more, single-query p50/p99 on the benchmark
 // workload's 200 queries, and documents/s on its first 512 documents. Run with
 // `node --expose-gc tests/bench.mjs` (tools/wasm/test.sh does); the x86 figures of the same
-// run come from the wasm_reference example (RURI_WASM_X86).
+// run come from the wasm_reference example (RURI_WASM_X86). RURI_WASM_ATTENTION sets the
+// `attention` option.
 import { createRequire } from "node:module";
 import { closeSync, openSync, readFileSync, readSync, statSync } from "node:fs";
 import { gzipSync } from "node:zlib";
@@ -50,7 +51,9 @@ const before = memory();
 const t0 = performance.now();
 ruri = createRequire(import.meta.url)(join(pkg, "ruri_wasm.js")); // compiles + instantiates
 const t1 = performance.now();
-const loader = new ruri.EmbedderLoader(config, tokenizer);
+// RURI_WASM_ATTENTION: the `attention` option (f32 when unset, ruri-wasm's default).
+const attention = process.env.RURI_WASM_ATTENTION;
+const loader = new ruri.EmbedderLoader(config, tokenizer, attention ? { attention } : undefined);
 const tTokenizer = performance.now();
 let duringLoad = memory();
 // One reused 1 MiB buffer (as the Worker's BYOB reader): a fresh buffer per chunk
@@ -95,6 +98,7 @@ const at = (p) => times[Math.round((times.length - 1) * p)];
 
 const wasmBytes = readFileSync(join(pkg, "ruri_wasm_bg.wasm"));
 const report = {
+  attention: attention ?? "f32",
   weights_file: weightsPath,
   weights_bytes: statSync(weightsPath).size,
   wasm_bytes: wasmBytes.length,

@@ -80,3 +80,83 @@ test("x86 kernels are refused here with ruri's typed error", () => {
   assert.throws(() => ruri.int8Gemm("sse9", new Int8Array(4), new Int8Array(4), 1, 1, 4), /unknown int8 kernel/);
   assert.throws(() => ruri.int8Gemm("simd128", new Int8Array(3), new Int8Array(4), 1, 1, 4), /do not match the shape/);
 });
+
+// int13 attention's two products (ruri-native's AttentionPrecision::Int13): the simd128
+// tiles and the portable loops against exact sums computed here. Each row of q and k, and
+// each channel of v, holds ±4,095 · 2^e, so the engine's quantization keeps the integers
+// (the row divided by 2^e exactly) with the scale 2^e, and a score is the dot product rounded
+// to f32 times the two scales (powers of two: exact). Modes: random values; extremes (every
+// value ±4,095); the largest sums (every value and weight 4,095: an i32 chunk at its fullest).
+function int13Operands(next, rows, keys, d, mode) {
+  const value = () =>
+    mode === "largest" ? 4095 : mode === "extremes" ? (next() % 2 ? 4095 : -4095) : (next() % 8191) - 4095;
+  const sign = () => (mode === "largest" || next() % 2 ? 1 : -1);
+  const rowsOf = (n) => {
+    const x = new Float32Array(n * d).map(value);
+    const scales = new Float32Array(n).map(() => (mode === "random" ? 2 ** (next() % 4) : 1));
+    for (let r = 0; r < n; r++) {
+      x[r * d + (next() % d)] = 4095 * sign();
+      for (let c = 0; c < d; c++) x[r * d + c] *= scales[r];
+    }
+    return { x, scales };
+  };
+  const q = rowsOf(rows), k = rowsOf(keys);
+  const v = new Float32Array(keys * d).map(value);
+  for (let c = 0; c < d && keys > 0; c++) v[(next() % keys) * d + c] = 4095 * sign();
+  const p = new Uint16Array(rows * keys).map(() => (mode === "largest" ? 4095 : next() % 4096));
+  return { q, k, v, p };
+}
+
+function int13Exact({ q, k, v, p }, rows, keys, d) {
+  const scores = new Float32Array(rows * keys), sums = new BigInt64Array(rows * d);
+  for (let r = 0; r < rows; r++) {
+    for (let j = 0; j < keys; j++) {
+      let dot = 0; // exact: |dot| ≤ d · 4095² < 2⁵³
+      for (let c = 0; c < d; c++) dot += (q.x[r * d + c] / q.scales[r]) * (k.x[j * d + c] / k.scales[j]);
+      scores[r * keys + j] = Math.fround(dot) * k.scales[j] * q.scales[r];
+    }
+    for (let c = 0; c < d; c++) {
+      let s = 0; // exact: ≤ keys · 4095² < 2⁵³
+      for (let j = 0; j < keys; j++) s += p[r * keys + j] * v[j * d + c];
+      sums[r * d + c] = BigInt(s);
+    }
+  }
+  return { scores, sums };
+}
+
+for (const products of ["simd128", "portable"]) {
+  test(`int13 ${products}: scores and weighted sums equal the exact JavaScript sums`, () => {
+    const next = rng(20261207);
+    // Heads of the model (64), the tiles' widest (128), ones that leave a tail of channels
+    // (4, 24: the simd128 tiles take multiples of 4) or run the portable loops (2, 6, 160),
+    // keys across groups of 16 and past one and two chunks of 64 pairs.
+    const shapes = [[1, 1, 64], [5, 23, 64], [9, 150, 64], [3, 300, 128], [2, 17, 24], [4, 33, 4], [3, 9, 2], [2, 31, 6], [3, 20, 160]];
+    for (let i = 0; i < 30; i++) shapes.push([1 + (next() % 7), 1 + (next() % 90), 2 * (1 + (next() % 40))]);
+    for (const mode of ["random", "extremes", "largest"]) {
+      for (const [rows, keys, d] of shapes) {
+        const operands = int13Operands(next, rows, keys, d, mode);
+        const { q, k, v, p } = operands;
+        const [scores, sums] = ruri.int13Products(products, q.x, k.x, v, p, rows, keys, d);
+        assert.ok(scores instanceof Float32Array && sums instanceof BigInt64Array);
+        const want = int13Exact(operands, rows, keys, d);
+        const shape = `${rows}×${keys}×${d}, ${mode}`;
+        assert.deepStrictEqual(scores, want.scores, `scores, ${shape}`);
+        assert.deepStrictEqual(sums, want.sums, `sums, ${shape}`);
+      }
+    }
+  });
+}
+
+test("int13: x86 tiles are refused here, and so are shapes that do not match", () => {
+  const one = new Float32Array([4095, 0]);
+  for (const products of ["avx2", "avx512vnni", "int8"]) {
+    assert.throws(() => ruri.int13Products(products, one, one, one, new Uint16Array(1), 1, 1, 2), (e) => {
+      assert.equal(e.name, "RuriError");
+      assert.equal(e.kind, "InvalidOption");
+      assert.match(e.message, /int13Products/);
+      return true;
+    });
+  }
+  assert.throws(() => ruri.int13Products("simd128", one, one, one, new Uint16Array(1), 1, 1, 3), /do not match the shape/);
+  assert.throws(() => ruri.int13Products("simd128", one, one, one, new Uint16Array([4096]), 1, 1, 2), /do not match the shape/);
+});

@@ -18,7 +18,9 @@ const INT8_MIN_COSINE = 0.99;
 const reference = JSON.parse(readFileSync(referencePath, "utf8"));
 const x86Path = process.env.RURI_WASM_X86;
 if (!x86Path) throw new Error("set RURI_WASM_X86 to the output of the wasm_reference example");
-const x86 = new Map(JSON.parse(readFileSync(x86Path, "utf8")).items.map((i) => [i.id, i.vector]));
+const x86Report = JSON.parse(readFileSync(x86Path, "utf8"));
+const byId = (items) => new Map(items.map((i) => [i.id, i.vector]));
+const x86 = byId(x86Report.items);
 
 const files = modelFiles();
 // The model folder's sentence_bert_config.json limit, which the x86 engine (ModelDir) and
@@ -106,6 +108,31 @@ test("embeddingTable: f32 moves the vectors, within the int8 bound", () => {
   f32.free();
 });
 
+// int13 and bf16 attention (ruri-native's AttentionPrecision): exact integer sums, or plain
+// f32 steps in a fixed order, so the x86 engine's bits with the same option, from
+// simd128's int13 tiles and from the portable loops (the scalar kernel runs those).
+for (const attention of ["int13", "bf16"]) {
+  test(`attention ${attention}: every vector equals the x86 engine's with the same option`, () => {
+    const want = byId(x86Report.attention[attention]);
+    const e = new ruri.Embedder(files.config, files.tokenizer, files.weights, { maxLength, attention });
+    const scalar = new ruri.Embedder(files.config, files.tokenizer, files.weights, { maxLength, attention, kernel: "scalar" });
+    let moved = 0;
+    for (const item of reference.items) {
+      const got = alone(e, item);
+      assert.deepStrictEqual(Array.from(got), want.get(item.id).map(Math.fround), item.id);
+      if (!got.every((v, i) => v === alone(embedder, item)[i])) moved++;
+      assert.ok(cosine(got, item.st_fp32.normalized) >= INT8_MIN_COSINE, item.id);
+    }
+    for (const item of reference.items.slice(0, 6)) {
+      assert.deepStrictEqual(Array.from(alone(scalar, item)), Array.from(alone(e, item)), `scalar: ${item.id}`);
+    }
+    // Another arithmetic than f32 attention: some vector moves.
+    assert.ok(moved > 0, `${attention} gave f32 attention's bits`);
+    e.free();
+    scalar.free();
+  });
+}
+
 test("the scalar kernel gives the same bits", () => {
   const scalar = new ruri.Embedder(files.config, files.tokenizer, files.weights, { kernel: "scalar", maxLength });
   assert.equal(scalar.kernel, "scalar");
@@ -142,6 +169,11 @@ test("bad input is a RuriError with ruri's message, never a crash", () => {
     () => new ruri.Embedder(files.config, files.tokenizer, files.weights, { embeddingTable: "fp16" }),
     "InvalidOption",
     /embeddingTable/,
+  );
+  expectError(
+    () => new ruri.Embedder(files.config, files.tokenizer, files.weights, { attention: "int8" }),
+    "InvalidOption",
+    /attention.*int8.*known: f32, bf16, int13/s,
   );
   // A stream cut short fails in finish(), as the same bytes in one array fail.
   const cut = new ruri.EmbedderLoader(files.config, files.tokenizer);

@@ -532,6 +532,9 @@ pub(crate) enum Products {
     /// `x86_int13_avx2`'s `vpmaddwd` tiles (AVX2), for x86 CPUs without AVX-512 VNNI.
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// `wasm_int13`'s `i32x4.dot_i16x8_s` tiles (WebAssembly built with simd128).
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    Simd128,
 }
 
 impl Products {
@@ -550,14 +553,18 @@ impl Products {
             Products::Avx512Vnni => "avx512vnni",
             #[cfg(target_arch = "x86_64")]
             Products::Avx2 => "avx2",
+            #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+            Products::Simd128 => "simd128",
         }
     }
 
     /// Every variant this CPU runs, slowest first: the portable loops, the AVX2 tiles, the
-    /// AVX-512 VNNI tiles.
+    /// AVX-512 VNNI tiles (or simd128's, in a WebAssembly build with it).
     pub(crate) fn all() -> Vec<Self> {
-        #[allow(unused_mut)] // tiles only on x86-64
+        #[allow(unused_mut)] // tiles only on x86-64 and simd128
         let mut all = vec![Products::Portable];
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        all.push(Products::Simd128);
         #[cfg(target_arch = "x86_64")]
         {
             if super::x86_int13_avx2::available() {
@@ -598,6 +605,10 @@ impl Products {
                     Products::Avx2 if d <= TILE_MAX_D => {
                         super::x86_int13_avx2::scores(q, sq, rows, d, kt, sk, g_lo, groups, out)
                     }
+                    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+                    Products::Simd128 if d <= TILE_MAX_D => {
+                        super::wasm_int13::scores(q, sq, rows, d, kt, sk, g_lo, groups, out)
+                    }
                     _ => scores_portable(q, sq, rows, d, kt, sk, g_lo, groups, out),
                 }
                 if let Some((max, keys)) = row_max {
@@ -612,8 +623,8 @@ impl Products {
     /// `out[r][c]` (rows of `d`, consecutive) = the exact `Σ_j p[r][j] · v[j][c]` over key
     /// pairs `pair_lo..pair_lo + pairs` of the values (`v` from [`pack_values`]; `p`: a
     /// weight per key from the block's first pair, rows `p_row` apart). Written, not added
-    /// to. The tiles take `d` a multiple of 16 (AVX2's: of 8); other widths run the portable
-    /// loops.
+    /// to. The tiles take `d` a multiple of 16 (AVX2's: of 8; simd128's: of 4); other widths
+    /// run the portable loops.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn weighted_sum(
         self,
@@ -634,6 +645,10 @@ impl Products {
             #[cfg(target_arch = "x86_64")]
             Products::Avx2 if d.is_multiple_of(LANES / 2) => {
                 super::x86_int13_avx2::weighted_sum(p, rows, p_row, v, pairs, d, out)
+            }
+            #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+            Products::Simd128 if d.is_multiple_of(LANES / 4) => {
+                super::wasm_int13::weighted_sum(p, rows, p_row, v, pairs, d, out)
             }
             _ => weighted_sum_portable(p, rows, p_row, v, pairs, d, out),
         }

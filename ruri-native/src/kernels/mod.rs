@@ -38,6 +38,8 @@ pub(crate) mod int13;
 pub(crate) mod simd_f32;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod wasm;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod wasm_int13;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]

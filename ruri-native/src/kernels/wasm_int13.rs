@@ -1,0 +1,211 @@
+//! [`AttentionPrecision::Int13`](crate::AttentionPrecision::Int13)'s two products in
+//! WebAssembly simd128: `i32x4.dot_i16x8_s` multiplies 8 pairs of 16-bit integers and adds
+//! each pair into an i32 lane, exactly (V8 and workerd run it as x86's `pmaddwd`), and
+//! `i32x4.add` adds that to the sums: 8 multiply-adds for two instructions, where f32
+//! attention needs a multiply and an add for 4 (simd128 has no FMA). The sums are the
+//! integers `x86_int13`'s tiles and the portable loops compute (none can overflow:
+//! `super::int13::TILE_MAX_D`, `SUM_CHUNK`), so the bits are theirs.
+//!
+//! Compiled only when the build enables simd128 (as `tools/wasm/build.sh` does; see
+//! `super::wasm`). Each public function checks that every buffer holds what its loops read
+//! or write; the `unsafe` blocks (unaligned 128-bit loads and stores) rely on nothing else.
+//! Tested under node against sums computed in JavaScript and against the portable loops
+//! (`ruri-wasm/tests/kernel.mjs`), and end to end against the x86 engine's vectors
+//! (`ruri-wasm/tests/parity.mjs`).
+
+use std::arch::wasm32::*;
+
+use super::bf16::LANES;
+use super::int13::{SUM_CHUNK, TILE_MAX_D, scores_fit, weighted_sum_fits};
+
+/// i32 lanes of a vector.
+const W: usize = 4;
+/// Query rows per tile of scores and of weighted sums (8 accumulators, 4 operands: 13 of
+/// V8's 16 vector registers on x86-64).
+const MR: usize = 2;
+/// Vectors of 4 channels per tile of weighted sums.
+const NV: usize = 4;
+
+/// `super::int13::Products::scores` on the tiles; `d` at most `TILE_MAX_D`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn scores(
+    q: &[u32],
+    sq: &[f32],
+    rows: usize,
+    d: usize,
+    kt: &[u32],
+    sk: &[f32],
+    g_lo: usize,
+    groups: usize,
+    out: &mut [f32],
+) {
+    let lengths = (q.len(), sq.len(), kt.len(), sk.len(), out.len());
+    assert!(d <= TILE_MAX_D && scores_fit(lengths, rows, d, g_lo, groups));
+    let (half, width) = (d / 2, groups * LANES);
+    for g in 0..groups {
+        let mut r = 0;
+        while r < rows {
+            let mr = (rows - r).min(MR);
+            // SAFETY: rows r..r + mr ≤ rows of q, sq and out (`half` pairs, one scale and
+            // `width` scores a row), group g_lo + g of kt (`half · 16` pairs) and of sk (16
+            // scales), and the group's 16 scores in out's rows (`scores_fit`, checked above).
+            unsafe {
+                let tile = (
+                    q.as_ptr().add(r * half),
+                    sq.as_ptr().add(r),
+                    kt.as_ptr().add((g_lo + g) * half * LANES),
+                    sk.as_ptr().add((g_lo + g) * LANES),
+                    out.as_mut_ptr().add(r * width + g * LANES),
+                );
+                match mr {
+                    MR => score_tile::<MR>(tile, half, width),
+                    _ => score_tile::<1>(tile, half, width),
+                }
+            }
+            r += mr;
+        }
+    }
+}
+
+/// `R` queries (`half` pairs each, consecutive; scales `sq`) against one group of 16 keys
+/// (pair `c` of key `i` at `c · 16 + i`; scales `sk`): each score the exact i32 dot
+/// product, converted (to nearest even), times the key's scale, times the query's, stored
+/// in rows of `width` at `out`.
+///
+/// # Safety
+/// `q` has `R` rows of `half` pairs and `sq` `R` scales; `kt` has `half · 16` pairs and `sk`
+/// 16 scales; `out` has `R` rows of `width` with 16 writable at the start of each.
+#[inline(always)]
+unsafe fn score_tile<const R: usize>(
+    (q, sq, kt, sk, out): (*const u32, *const f32, *const u32, *const f32, *mut f32),
+    half: usize,
+    width: usize,
+) {
+    let mut acc = [[i32x4_splat(0); LANES / W]; R];
+    for c in 0..half {
+        // SAFETY: c < half: pair c of the group's 16 keys (4 vectors) and of each query.
+        unsafe {
+            let k: [v128; LANES / W] =
+                std::array::from_fn(|n| v128_load(kt.add(c * LANES + n * W).cast()));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let qv = u32x4_splat(*q.add(r * half + c));
+                for (a, &k) in acc.iter_mut().zip(&k) {
+                    *a = i32x4_add(*a, i32x4_dot_i16x8(qv, k));
+                }
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (n, &a) in acc.iter().enumerate() {
+            // SAFETY: the group's scales and row r's 16 scores (the caller's sizes).
+            unsafe {
+                let s = v128_load(sk.add(n * W).cast());
+                let scaled = f32x4_mul(f32x4_convert_i32x4(a), s);
+                let score = f32x4_mul(scaled, f32x4_splat(*sq.add(r)));
+                v128_store(out.add(r * width + n * W).cast(), score);
+            }
+        }
+    }
+}
+
+/// `super::int13::Products::weighted_sum` on the tiles; `d` a multiple of 4.
+pub(crate) fn weighted_sum(
+    p: &[u16],
+    rows: usize,
+    p_row: usize,
+    v: &[u32],
+    pairs: usize,
+    d: usize,
+    out: &mut [i64],
+) {
+    let lengths = (p.len(), v.len(), out.len());
+    assert!(d.is_multiple_of(W) && weighted_sum_fits(lengths, rows, p_row, pairs, d));
+    // Chunk by chunk of SUM_CHUNK key pairs (its values stay in cache while every tile of
+    // rows goes over them): each tile's i32 sums of the chunk, then added to its i64 sums
+    // (stored on the first chunk).
+    let mut j0 = 0;
+    while j0 < pairs {
+        let kn = SUM_CHUNK.min(pairs - j0);
+        let first = j0 == 0;
+        let mut r = 0;
+        while r < rows {
+            let mr = (rows - r).min(MR);
+            let mut c0 = 0;
+            while c0 < d {
+                let wide = d - c0 >= NV * W;
+                // SAFETY: rows r..r + mr ≤ rows of p (`2 · pairs` weights `p_row` apart)
+                // and of out (`d` sums), pairs j0..j0 + kn ≤ pairs of v (`d` pairs each),
+                // channels c0..c0 + 4·(NV or 1) ≤ d (`weighted_sum_fits` and d a multiple
+                // of 4, checked above).
+                unsafe {
+                    let w = p.as_ptr().add(r * p_row + 2 * j0);
+                    let (vt, o) = (
+                        v.as_ptr().add(j0 * d + c0),
+                        out.as_mut_ptr().add(r * d + c0),
+                    );
+                    let s = (p_row, d, kn, first);
+                    match (mr, wide) {
+                        (MR, true) => sum_tile::<MR, NV>(w, vt, o, s),
+                        (MR, false) => sum_tile::<MR, 1>(w, vt, o, s),
+                        (_, true) => sum_tile::<1, NV>(w, vt, o, s),
+                        (_, false) => sum_tile::<1, 1>(w, vt, o, s),
+                    }
+                }
+                c0 += if wide { NV * W } else { W };
+            }
+            r += mr;
+        }
+        j0 += kn;
+    }
+}
+
+/// `R` rows × `N` vectors of 4 channels over `pairs` (≤ `SUM_CHUNK`) key pairs: weights `w`
+/// (row `r`'s pair `j` at `r · p_row + 2j`), values `v` (pair `j`'s channels at `j · d`);
+/// the i32 sums stored to, or added to, the i64 sums `out` (row `r` at `r · d`).
+///
+/// # Safety
+/// `w` has `R` rows of `2 · pairs` weights `p_row` apart; `v` has `pairs` rows of `d` pairs
+/// with `4N` readable at the start of each; `out` has `R` rows of `d` with `4N` writable at
+/// the start of each.
+#[inline(always)]
+unsafe fn sum_tile<const R: usize, const N: usize>(
+    w: *const u16,
+    v: *const u32,
+    out: *mut i64,
+    (p_row, d, pairs, first): (usize, usize, usize, bool),
+) {
+    let mut acc = [[i32x4_splat(0); N]; R];
+    for j in 0..pairs {
+        // SAFETY: j < pairs: pair j's values of the tile's channels, and weights 2j and
+        // 2j + 1 of each of its rows (read as one unaligned u32).
+        unsafe {
+            let x: [v128; N] = std::array::from_fn(|n| v128_load(v.add(j * d + n * W).cast()));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let two = w.add(r * p_row + 2 * j).cast::<u32>().read_unaligned();
+                let wv = u32x4_splat(two);
+                for (a, &x) in acc.iter_mut().zip(&x) {
+                    *a = i32x4_add(*a, i32x4_dot_i16x8(wv, x));
+                }
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (n, &a) in acc.iter().enumerate() {
+            // SAFETY: the tile's own sums, 4 i64 a vector of channels (the caller's sizes).
+            unsafe {
+                let o = out.add(r * d + n * W);
+                let (lo, hi) = (i64x2_extend_low_i32x4(a), i64x2_extend_high_i32x4(a));
+                let (lo, hi) = if first {
+                    (lo, hi)
+                } else {
+                    (
+                        i64x2_add(lo, v128_load(o.cast())),
+                        i64x2_add(hi, v128_load(o.add(2).cast())),
+                    )
+                };
+                v128_store(o.cast(), lo);
+                v128_store(o.add(2).cast(), hi);
+            }
+        }
+    }
+}
