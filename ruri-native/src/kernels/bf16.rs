@@ -374,6 +374,8 @@ impl Products {
     /// `r`'s first `keys` scores and `max[r]` as it was (`if x > m`: NaNs left out), which
     /// [`softmax`] can take instead of reading the scores once more.
     #[allow(clippy::too_many_arguments)]
+    // `widened` is the x86 FMA tiles' (as `weighted_sum`'s).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     pub(crate) fn scores(
         self,
         q: &[u32],
@@ -425,6 +427,7 @@ impl Products {
     /// Written, not added to. The tiles take `d` a multiple of 16; other widths run the
     /// portable loops.
     #[allow(clippy::too_many_arguments)]
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     pub(crate) fn weighted_sum(
         self,
         p: &[u16],
@@ -464,6 +467,7 @@ impl Products {
 /// allocates: the queries, and a block of keys or a chunk of values in cache lines (a load
 /// that splits a line halves the tiles' speed).
 #[derive(Debug, Default)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) struct Widened {
     pub(crate) queries: Vec<f32>,
     pub(crate) lines: Aligned<f32>,
@@ -1190,6 +1194,7 @@ fn int13_weight(e: f32) -> u16 {
 /// `x86_bf16`'s tiles (`x86_int13`'s with `INT13`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))] // `tiles`: x86's
 fn softmax_rows<const INT13: bool>(
     tiles: bool,
     s: &[f32],
