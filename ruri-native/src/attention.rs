@@ -447,9 +447,13 @@ fn attend_int13(
         // Key pairs from `lo` (even) to `hi`, the last one completed by a zero weight.
         let pairs = (hi - lo).div_ceil(2);
         let sums = &mut sums[..rows * d];
-        products.weighted_sum(p, rows, width, v16, (lo / 2, pairs), d, sums);
-        let o = &mut out[first * out_stride..];
-        int13::finish(sums, rows, d, v_scales, &inv[..rows], o, out_stride);
+        let finish = int13::Finish {
+            scales: v_scales,
+            inv: &inv[..rows],
+            out: &mut out[first * out_stride..],
+            out_stride,
+        };
+        products.weighted_average(p, rows, width, v16, (lo / 2, pairs), d, sums, finish);
     });
 }
 

@@ -521,6 +521,28 @@ fn to_f32(s: i64) -> f32 {
     (f64::from(hi) * 4_294_967_296.0 + f64::from(lo)) as f32
 }
 
+/// Where [`Products::weighted_average`] puts a block's outputs: `out[r · out_stride + c] =
+/// ((sum as f32) · scales[c]) · inv[r]` for its `rows` rows of `d` (see [`finish`]).
+pub(crate) struct Finish<'a> {
+    /// Each channel's scale (the weights' `1 / L` folded in), `d` of them.
+    pub(crate) scales: &'a [f32],
+    /// Each row's `1 / total`.
+    pub(crate) inv: &'a [f32],
+    /// The outputs, rows `out_stride` apart.
+    pub(crate) out: &'a mut [f32],
+    /// The distance between two rows of `out`.
+    pub(crate) out_stride: usize,
+}
+
+impl Finish<'_> {
+    /// Whether the buffers hold `rows` rows of `d` outputs (and their scales and inverses).
+    pub(crate) fn fits(&self, rows: usize, d: usize) -> bool {
+        self.scales.len() >= d
+            && self.inv.len() >= rows
+            && super::simd_f32::holds_rows(self.out.len(), rows, self.out_stride, d)
+    }
+}
+
 /// Where a block's two products run: the same integers, so the same bits, either way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Products {
@@ -640,7 +662,7 @@ impl Products {
         match self {
             #[cfg(target_arch = "x86_64")]
             Products::Avx512Vnni if d.is_multiple_of(LANES) => {
-                super::x86_int13::weighted_sum(p, rows, p_row, v, pairs, d, out)
+                super::x86_int13::weighted_sum(p, rows, p_row, v, pairs, d, out, None)
             }
             #[cfg(target_arch = "x86_64")]
             Products::Avx2 if d.is_multiple_of(LANES / 2) => {
@@ -651,6 +673,42 @@ impl Products {
                 super::wasm_int13::weighted_sum(p, rows, p_row, v, pairs, d, out)
             }
             _ => weighted_sum_portable(p, rows, p_row, v, pairs, d, out),
+        }
+    }
+
+    /// [`Products::weighted_sum`] and then [`finish`]: a block's outputs `finish.out[r][c]
+    /// = ((Σ_j p[r][j] · v[j][c] as f32) · scales[c]) · inv[r]`, with `sums` (rows of `d`)
+    /// as scratch. The AVX-512 VNNI tiles convert and scale each row's sums where they end,
+    /// in the tile (a short text's sums then never leave their registers); the others sum,
+    /// then finish.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn weighted_average(
+        self,
+        p: &[u16],
+        rows: usize,
+        p_row: usize,
+        v: &[u32],
+        (pair_lo, pairs): (usize, usize),
+        d: usize,
+        sums: &mut [i64],
+        finish: Finish<'_>,
+    ) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Products::Avx512Vnni if d.is_multiple_of(LANES) && pairs > 0 => {
+                let v = &v[pair_lo * d..];
+                super::x86_int13::weighted_sum(p, rows, p_row, v, pairs, d, sums, Some(finish))
+            }
+            _ => {
+                self.weighted_sum(p, rows, p_row, v, (pair_lo, pairs), d, sums);
+                let Finish {
+                    scales,
+                    inv,
+                    out,
+                    out_stride,
+                } = finish;
+                self::finish(sums, rows, d, scales, inv, out, out_stride);
+            }
         }
     }
 }

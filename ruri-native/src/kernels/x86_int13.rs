@@ -22,6 +22,7 @@ const NV: usize = 4;
 pub(crate) fn available() -> bool {
     std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512dq")
         && std::arch::is_x86_feature_detected!("avx512vnni")
 }
 
@@ -220,7 +221,10 @@ unsafe fn softmax_tiles(
     unsafe { _mm512_storeu_ps(partial.as_mut_ptr(), acc) };
 }
 
-/// `super::int13::Products::weighted_sum` on the tiles; `d` a multiple of 16.
+/// `super::int13::Products::weighted_sum` on the tiles; `d` a multiple of 16. With
+/// `finish`, `super::int13::Products::weighted_average`'s outputs as well: the last chunk's
+/// tiles convert each row's sums and scale them as `super::int13::finish` does.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn weighted_sum(
     p: &[u16],
     rows: usize,
@@ -229,12 +233,24 @@ pub(crate) fn weighted_sum(
     pairs: usize,
     d: usize,
     out: &mut [i64],
+    finish: Option<super::int13::Finish<'_>>,
 ) {
     assert!(available(), "AVX-512 VNNI tiles on a CPU without them");
     let lengths = (p.len(), v.len(), out.len());
     assert!(d.is_multiple_of(LANES) && weighted_sum_fits(lengths, rows, p_row, pairs, d));
-    // SAFETY: AVX-512F/BW/VNNI (checked above); p holds `rows` rows of `2 · pairs` weights
-    // `p_row` apart, v `pairs` rows of `d` pairs, out `rows` rows of `d` (checked above).
+    let finish = finish.map(|f| {
+        assert!(f.fits(rows, d));
+        (
+            f.scales.as_ptr(),
+            f.inv.as_ptr(),
+            f.out.as_mut_ptr(),
+            f.out_stride,
+        )
+    });
+    // SAFETY: AVX-512F/BW/DQ/VNNI (checked above); p holds `rows` rows of `2 · pairs`
+    // weights `p_row` apart, v `pairs` rows of `d` pairs, out `rows` rows of `d`, and with
+    // `finish`, its `d` scales, `rows` inverses and `rows` rows of `d` outputs `out_stride`
+    // apart (checked above).
     unsafe {
         weighted_sum_tiles(
             p.as_ptr(),
@@ -244,14 +260,21 @@ pub(crate) fn weighted_sum(
             pairs,
             d,
             out.as_mut_ptr(),
+            finish,
         )
     }
 }
 
+/// A tile's outputs, where its sums end: the channels' scales, the rows' `1 / total`, the
+/// outputs and their stride (`super::int13::Finish` as pointers, at the tile's first row and
+/// channel where `sum_tile` takes it).
+type FinishAt = (*const f32, *const f32, *mut f32, usize);
+
 /// Chunk by chunk of `SUM_CHUNK` key pairs (its values stay in L1 while every tile of rows
 /// goes over them): each tile's i32 sums of the chunk, then added to its i64 sums (stored
-/// on the first chunk).
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+/// on the first chunk); with `finish`, the last chunk's tiles write the outputs too.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn weighted_sum_tiles(
     p: *const u16,
     rows: usize,
@@ -260,11 +283,13 @@ unsafe fn weighted_sum_tiles(
     pairs: usize,
     d: usize,
     out: *mut i64,
+    finish: Option<FinishAt>,
 ) {
     let mut j0 = 0;
     while j0 < pairs {
         let kn = SUM_CHUNK.min(pairs - j0);
         let first = j0 == 0;
+        let last = j0 + kn == pairs;
         let mut r = 0;
         while r < rows {
             let mr = if rows - r >= MR { MR } else { 1 };
@@ -273,10 +298,15 @@ unsafe fn weighted_sum_tiles(
                 let wide = d - c0 >= NV * LANES;
                 // SAFETY: rows r..r + mr < rows of p and out, pairs j0..j0 + kn ≤ pairs of
                 // v, channels c0..c0 + 16·(NV or 1) ≤ d (the caller's sizes).
+                // With `finish` on the last chunk: the scales of channels c0.., the inverses
+                // of rows r.., the outputs of rows r.. at channel c0 (the caller's sizes).
                 unsafe {
                     let w = p.add(r * p_row + 2 * j0);
                     let (vt, o) = (v.add(j0 * d + c0), out.add(r * d + c0));
-                    let s = (p_row, d, kn, first);
+                    let f = finish.filter(|_| last).map(|(scales, inv, out, stride)| {
+                        (scales.add(c0), inv.add(r), out.add(r * stride + c0), stride)
+                    });
+                    let s = (p_row, d, kn, first, f);
                     match (mr, wide) {
                         (MR, true) => sum_tile::<MR, NV>(w, vt, o, s),
                         (MR, false) => sum_tile::<MR, 1>(w, vt, o, s),
@@ -294,14 +324,18 @@ unsafe fn weighted_sum_tiles(
 
 /// `R` rows × `N` vectors of channels over `pairs` (≤ `SUM_CHUNK`) key pairs: weights `w`
 /// (row `r`'s pair `j` at `r · p_row + 2j`), values `v` (pair `j`'s channels at `j · d`);
-/// the i32 sums stored to, or added to, the i64 sums `out` (row `r` at `r · d`).
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+/// the i32 sums stored to, or added to, the i64 sums `out` (row `r` at `r · d`). With
+/// `finish` (the last chunk), each whole sum is converted to f32 (to nearest even, as
+/// `super::int13::finish`'s conversion: from the i32 sums on a first chunk, from the i64 ones
+/// by `vcvtqq2ps` after), times its channel's scale, times its row's `1 / total`, and stored
+/// as an output instead.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni")]
 #[inline]
 unsafe fn sum_tile<const R: usize, const N: usize>(
     w: *const u16,
     v: *const u32,
     out: *mut i64,
-    (p_row, d, pairs, first): (usize, usize, usize, bool),
+    (p_row, d, pairs, first, finish): (usize, usize, usize, bool, Option<FinishAt>),
 ) {
     let mut acc = [[_mm512_setzero_si512(); N]; R];
     for j in 0..pairs {
@@ -321,9 +355,17 @@ unsafe fn sum_tile<const R: usize, const N: usize>(
     }
     for (r, acc) in acc.iter().enumerate() {
         for (n, &a) in acc.iter().enumerate() {
-            // SAFETY: the tile's own sums, 16 i64 a vector of channels (the caller's sizes).
+            // SAFETY: the tile's own sums, 16 i64 a vector of channels, and with `finish` its
+            // 16 channels' scales, its row's inverse and 16 outputs (the caller's sizes).
             unsafe {
                 let o = out.add(r * d + n * LANES);
+                if let (Some((scales, inv, y, stride)), true) = (finish, first) {
+                    let sums = _mm512_cvtepi32_ps(a);
+                    let s = _mm512_loadu_ps(scales.add(n * LANES));
+                    let scaled = _mm512_mul_ps(_mm512_mul_ps(sums, s), _mm512_set1_ps(*inv.add(r)));
+                    _mm512_storeu_ps(y.add(r * stride + n * LANES), scaled);
+                    continue;
+                }
                 let lo = _mm512_cvtepi32_epi64(_mm512_castsi512_si256(a));
                 let hi = _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64::<1>(a));
                 let (lo, hi) = if first {
@@ -334,6 +376,16 @@ unsafe fn sum_tile<const R: usize, const N: usize>(
                         _mm512_add_epi64(hi, _mm512_loadu_si512(o.add(8).cast())),
                     )
                 };
+                if let Some((scales, inv, y, stride)) = finish {
+                    let sums = _mm512_insertf32x8::<1>(
+                        _mm512_castps256_ps512(_mm512_cvtepi64_ps(lo)),
+                        _mm512_cvtepi64_ps(hi),
+                    );
+                    let s = _mm512_loadu_ps(scales.add(n * LANES));
+                    let scaled = _mm512_mul_ps(_mm512_mul_ps(sums, s), _mm512_set1_ps(*inv.add(r)));
+                    _mm512_storeu_ps(y.add(r * stride + n * LANES), scaled);
+                    continue;
+                }
                 _mm512_storeu_si512(o.cast(), lo);
                 _mm512_storeu_si512(o.add(8).cast(), hi);
             }
