@@ -16,6 +16,18 @@ import subprocess
 import sys
 
 
+# Criterion's throughput prefixes: decimal for elements (Kelem/s), binary for bytes (KiB/s).
+SCALE = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+
+
+def scale(unit: str) -> float:
+    if unit[:1] not in SCALE:
+        return 1.0
+    if unit[1:2] == "i":
+        return 1024.0 ** ("KMGT".index(unit[0]) + 1)
+    return SCALE[unit[0]]
+
+
 def main() -> None:
     if len(sys.argv) < 5:
         sys.exit(__doc__)
@@ -34,13 +46,16 @@ def main() -> None:
                 # lines that follow carry percentages.
                 m = re.search(r"thrpt:\s+\[\S+ \S+ (\S+) (\S+)", line)
                 if m and name and "%" not in line:
-                    results.setdefault(name, {}).setdefault(b, []).append(float(m.group(1)))
+                    # Criterion picks the prefix per bench and run (Kelem/s, Melem/s, …):
+                    # every figure here is in units of the base (elements or bytes) a second.
+                    value = float(m.group(1)) * scale(m.group(2))
+                    results.setdefault(name, {}).setdefault(b, []).append(value)
                     name = None
-    unit = "criterion's throughput unit"
+    unit = "million elements (or bytes) a second"
     print(f"median over {rounds} rounds ({unit}); columns: {' | '.join(bins)}")
     for name, by_bin in results.items():
         medians = [statistics.median(by_bin[b]) if b in by_bin else float("nan") for b in bins]
-        cells = " ".join(f"{m:9.1f}" for m in medians)
+        cells = " ".join(f"{m / 1e6:10.4g}" for m in medians)
         print(f"{name:44s} {cells}   last/first {medians[-1] / medians[0]:.3f}")
 
 
