@@ -63,8 +63,9 @@ fn quantizer(m: f32) -> (f32, f32) {
     }
 }
 
-/// The multipliers and scales of up to [`LANES`] rows (or channels) from their largest
-/// magnitudes, as [`quantizer`] gives them one by one: `t[i]` takes `m[i]`'s place. Both
+/// The multipliers and scales of rows (or channels) from their largest magnitudes, as
+/// [`quantizer`] gives them one by one: `t[i]` holds row `i`'s largest magnitude and
+/// takes its multiplier in its place. Both
 /// divisions are computed for every lane and the results selected (a vector division: one
 /// row's two scalar divisions were a tenth of a short text's attention).
 #[inline(always)]
@@ -179,10 +180,10 @@ multiversion! {
     fn pack_values / pack_values_body(v: &[f32], stride: usize, len: usize, d: usize, out: &mut Aligned<u32>, scales: &mut Vec<f32>)
 }
 
-/// Rows `first..first + n` (`n` ≤ [`LANES`]) of `x` (rows of `d` at `stride`) quantized:
-/// each row's multiplier into `t[i]`, its scale into `scales[i]` (the rest of both 0), the
-/// rows read once here, their prefetches asked for, so that the quantization finds them in
-/// the first-level cache.
+/// The quantizers of rows `first..first + n` (`n` ≤ [`LANES`]) of `x` (rows of `d` at
+/// `stride`): each row's multiplier into `t[i]`, its scale into `scales[i]` (the rest of
+/// both 0). The rows are read once here (their prefetches asked for), so that their
+/// quantization after finds them in the first-level cache.
 #[inline(always)]
 fn group_quantizers(
     x: &[f32],
