@@ -522,6 +522,81 @@ fn to_f32(s: i64) -> f32 {
     (f64::from(hi) * 4_294_967_296.0 + f64::from(lo)) as f32
 }
 
+/// One tile of a weighted sum, as [`sum_tiles`] walks them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SumTile {
+    /// The chunk's first key pair and its number of pairs (at most [`SUM_CHUNK`]).
+    pub(crate) j0: usize,
+    pub(crate) pairs: usize,
+    /// Whether the chunk is the first (the i64 sums are stored, not added to) and the last.
+    pub(crate) first: bool,
+    pub(crate) last: bool,
+    /// The tile's first row, and whether it has the full `mr` rows (else one).
+    pub(crate) r: usize,
+    pub(crate) full_rows: bool,
+    /// The tile's first channel, and whether it has the wide width (else the narrow one).
+    pub(crate) c0: usize,
+    pub(crate) wide: bool,
+}
+
+/// The tiles of a weighted sum over `pairs` key pairs, `rows` rows and `d` channels (a
+/// multiple of `narrow`), in the order the tiles run them: chunk by chunk of [`SUM_CHUNK`]
+/// pairs (a chunk's values stay in L1 while every tile of rows goes over them), rows `mr`
+/// at a time (the rest one by one), channels `wide` at a time (the rest `narrow`). The
+/// drivers of `x86_int13`, `x86_int13_avx2` and `wasm_int13` share this walk and call their
+/// tiles themselves: a tile passed as a closure would lose their target features.
+pub(crate) fn sum_tiles(
+    rows: usize,
+    pairs: usize,
+    d: usize,
+    mr: usize,
+    (wide, narrow): (usize, usize),
+) -> SumTiles {
+    assert!(mr > 0 && narrow > 0 && wide >= narrow && d.is_multiple_of(narrow));
+    SumTiles {
+        shape: (rows, pairs, d, mr, wide, narrow),
+        at: (rows > 0 && d > 0 && pairs > 0).then_some((0, 0, 0)),
+    }
+}
+
+/// [`sum_tiles`]' walk: the shape, and the next tile's chunk, row and channel.
+pub(crate) struct SumTiles {
+    shape: (usize, usize, usize, usize, usize, usize),
+    at: Option<(usize, usize, usize)>,
+}
+
+impl Iterator for SumTiles {
+    type Item = SumTile;
+
+    fn next(&mut self) -> Option<SumTile> {
+        let (rows, pairs, d, mr, wide, narrow) = self.shape;
+        let (j0, r, c0) = self.at?;
+        let kn = SUM_CHUNK.min(pairs - j0);
+        let tile = SumTile {
+            j0,
+            pairs: kn,
+            first: j0 == 0,
+            last: j0 + kn == pairs,
+            r,
+            full_rows: rows - r >= mr,
+            c0,
+            wide: d - c0 >= wide,
+        };
+        let c = c0 + if tile.wide { wide } else { narrow };
+        let next_r = r + if tile.full_rows { mr } else { 1 };
+        self.at = if c < d {
+            Some((j0, r, c))
+        } else if next_r < rows {
+            Some((j0, next_r, 0))
+        } else if j0 + kn < pairs {
+            Some((j0 + kn, 0, 0))
+        } else {
+            None
+        };
+        Some(tile)
+    }
+}
+
 /// Where [`Products::weighted_average`] puts a block's outputs: `out[r · out_stride + c] =
 /// ((sum as f32) · scales[c]) · inv[r]` for its `rows` rows of `d` (see [`finish`]).
 pub(crate) struct Finish<'a> {
@@ -537,6 +612,7 @@ pub(crate) struct Finish<'a> {
 
 impl Finish<'_> {
     /// Whether the buffers hold `rows` rows of `d` outputs (and their scales and inverses).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // the AVX-512 tiles' check
     pub(crate) fn fits(&self, rows: usize, d: usize) -> bool {
         self.scales.len() >= d
             && self.inv.len() >= rows
@@ -731,6 +807,42 @@ mod tests {
         assert!(quantize_row(&[1.0, f32::NAN], &mut q[..2]).is_nan());
         assert!(quantize_row(&[f32::INFINITY, 1.0], &mut q[..2]).is_nan());
         assert_eq!(unpair(pair(-4095, 17)), (-4095, 17));
+    }
+
+    /// The weighted sums' walk covers every (row, channel, key pair) once, chunk by chunk
+    /// in order, with full tiles where they fit and the flags of the first and last chunk.
+    #[test]
+    fn sum_tiles_cover_every_sum_once() {
+        for (rows, pairs, d, mr, wide, narrow) in [
+            (1, 1, 16, 4, 64, 16),
+            (9, 150, 64, 4, 64, 16),
+            (5, 64, 24, 2, 32, 8),
+            (3, 65, 4, 2, 16, 4),
+            (0, 10, 64, 4, 64, 16),
+            (4, 0, 64, 4, 64, 16),
+        ] {
+            let mut seen = vec![0u8; rows * pairs * d];
+            let mut last_j0 = 0;
+            for t in sum_tiles(rows, pairs, d, mr, (wide, narrow)) {
+                assert!(t.j0 >= last_j0 && t.pairs <= SUM_CHUNK && t.pairs > 0);
+                last_j0 = t.j0;
+                assert_eq!((t.first, t.last), (t.j0 == 0, t.j0 + t.pairs == pairs));
+                let (n_rows, n_cols) = (
+                    if t.full_rows { mr } else { 1 },
+                    if t.wide { wide } else { narrow },
+                );
+                assert!(t.r + n_rows <= rows && t.c0 + n_cols <= d);
+                assert_eq!(t.full_rows, rows - t.r >= mr);
+                for r in t.r..t.r + n_rows {
+                    for j in t.j0..t.j0 + t.pairs {
+                        for c in t.c0..t.c0 + n_cols {
+                            seen[(r * pairs + j) * d + c] += 1;
+                        }
+                    }
+                }
+            }
+            assert!(seen.iter().all(|&n| n == 1), "{rows} {pairs} {d}");
+        }
     }
 
     /// The packers (a group of rows at a time, their maxes as integer bits, their

@@ -16,7 +16,7 @@
 use std::arch::wasm32::*;
 
 use super::bf16::LANES;
-use super::int13::{SUM_CHUNK, TILE_MAX_D, scores_fit, weighted_sum_fits};
+use super::int13::{TILE_MAX_D, scores_fit, sum_tiles, weighted_sum_fits};
 
 /// i32 lanes of a vector.
 const W: usize = 4;
@@ -120,42 +120,25 @@ pub(crate) fn weighted_sum(
 ) {
     let lengths = (p.len(), v.len(), out.len());
     assert!(d.is_multiple_of(W) && weighted_sum_fits(lengths, rows, p_row, pairs, d));
-    // Chunk by chunk of SUM_CHUNK key pairs (its values stay in cache while every tile of
-    // rows goes over them): each tile's i32 sums of the chunk, then added to its i64 sums
-    // (stored on the first chunk).
-    let mut j0 = 0;
-    while j0 < pairs {
-        let kn = SUM_CHUNK.min(pairs - j0);
-        let first = j0 == 0;
-        let mut r = 0;
-        while r < rows {
-            let mr = (rows - r).min(MR);
-            let mut c0 = 0;
-            while c0 < d {
-                let wide = d - c0 >= NV * W;
-                // SAFETY: rows r..r + mr ≤ rows of p (`2 · pairs` weights `p_row` apart)
-                // and of out (`d` sums), pairs j0..j0 + kn ≤ pairs of v (`d` pairs each),
-                // channels c0..c0 + 4·(NV or 1) ≤ d (`weighted_sum_fits` and d a multiple
-                // of 4, checked above).
-                unsafe {
-                    let w = p.as_ptr().add(r * p_row + 2 * j0);
-                    let (vt, o) = (
-                        v.as_ptr().add(j0 * d + c0),
-                        out.as_mut_ptr().add(r * d + c0),
-                    );
-                    let s = (p_row, d, kn, first);
-                    match (mr, wide) {
-                        (MR, true) => sum_tile::<MR, NV>(w, vt, o, s),
-                        (MR, false) => sum_tile::<MR, 1>(w, vt, o, s),
-                        (_, true) => sum_tile::<1, NV>(w, vt, o, s),
-                        (_, false) => sum_tile::<1, 1>(w, vt, o, s),
-                    }
-                }
-                c0 += if wide { NV * W } else { W };
+    // The tiles in `sum_tiles`' walk: each tile's i32 sums of a chunk, then added to its
+    // i64 sums (stored on the first chunk).
+    for t in sum_tiles(rows, pairs, d, MR, (NV * W, W)) {
+        // SAFETY: the tile's rows ≤ rows of p (`2 · pairs` weights `p_row` apart) and of
+        // out (`d` sums), its pairs ≤ pairs of v (`d` pairs each), its channels ≤ d
+        // (`sum_tiles` keeps every tile inside its shape; `weighted_sum_fits` and d a
+        // multiple of 4, checked above).
+        unsafe {
+            let w = p.as_ptr().add(t.r * p_row + 2 * t.j0);
+            let vt = v.as_ptr().add(t.j0 * d + t.c0);
+            let o = out.as_mut_ptr().add(t.r * d + t.c0);
+            let s = (p_row, d, t.pairs, t.first);
+            match (t.full_rows, t.wide) {
+                (true, true) => sum_tile::<MR, NV>(w, vt, o, s),
+                (true, false) => sum_tile::<MR, 1>(w, vt, o, s),
+                (false, true) => sum_tile::<1, NV>(w, vt, o, s),
+                (false, false) => sum_tile::<1, 1>(w, vt, o, s),
             }
-            r += mr;
         }
-        j0 += kn;
     }
 }
 

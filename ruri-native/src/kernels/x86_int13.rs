@@ -11,7 +11,7 @@
 use std::arch::x86_64::*;
 
 use super::bf16::LANES;
-use super::int13::{SUM_CHUNK, TILE_MAX_D, scores_fit, weighted_sum_fits};
+use super::int13::{TILE_MAX_D, scores_fit, sum_tiles, weighted_sum_fits};
 
 /// Query rows per tile of scores and of weighted sums.
 const MR: usize = 4;
@@ -270,9 +270,9 @@ pub(crate) fn weighted_sum(
 /// channel where `sum_tile` takes it).
 type FinishAt = (*const f32, *const f32, *mut f32, usize);
 
-/// Chunk by chunk of `SUM_CHUNK` key pairs (its values stay in L1 while every tile of rows
-/// goes over them): each tile's i32 sums of the chunk, then added to its i64 sums (stored
-/// on the first chunk); with `finish`, the last chunk's tiles write the outputs too.
+/// The tiles in `super::int13::sum_tiles`' walk: each tile's i32 sums of a chunk, then
+/// added to its i64 sums (stored on the first chunk); with `finish`, the last chunk's tiles
+/// write the outputs too.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn weighted_sum_tiles(
@@ -285,40 +285,30 @@ unsafe fn weighted_sum_tiles(
     out: *mut i64,
     finish: Option<FinishAt>,
 ) {
-    let mut j0 = 0;
-    while j0 < pairs {
-        let kn = SUM_CHUNK.min(pairs - j0);
-        let first = j0 == 0;
-        let last = j0 + kn == pairs;
-        let mut r = 0;
-        while r < rows {
-            let mr = if rows - r >= MR { MR } else { 1 };
-            let mut c0 = 0;
-            while c0 < d {
-                let wide = d - c0 >= NV * LANES;
-                // SAFETY: rows r..r + mr < rows of p and out, pairs j0..j0 + kn ≤ pairs of
-                // v, channels c0..c0 + 16·(NV or 1) ≤ d (the caller's sizes).
-                // With `finish` on the last chunk: the scales of channels c0.., the inverses
-                // of rows r.., the outputs of rows r.. at channel c0 (the caller's sizes).
-                unsafe {
-                    let w = p.add(r * p_row + 2 * j0);
-                    let (vt, o) = (v.add(j0 * d + c0), out.add(r * d + c0));
-                    let f = finish.filter(|_| last).map(|(scales, inv, out, stride)| {
-                        (scales.add(c0), inv.add(r), out.add(r * stride + c0), stride)
-                    });
-                    let s = (p_row, d, kn, first, f);
-                    match (mr, wide) {
-                        (MR, true) => sum_tile::<MR, NV>(w, vt, o, s),
-                        (MR, false) => sum_tile::<MR, 1>(w, vt, o, s),
-                        (_, true) => sum_tile::<1, NV>(w, vt, o, s),
-                        (_, false) => sum_tile::<1, 1>(w, vt, o, s),
-                    }
-                }
-                c0 += if wide { NV * LANES } else { LANES };
+    for t in sum_tiles(rows, pairs, d, MR, (NV * LANES, LANES)) {
+        // SAFETY: the tile's rows ≤ rows of p and out, its pairs ≤ pairs of v, its
+        // channels ≤ d (`sum_tiles` keeps every tile inside its shape; the caller's sizes);
+        // with `finish` on the last chunk: the scales of the tile's channels, the inverses
+        // of its rows, its outputs (the caller's sizes).
+        unsafe {
+            let w = p.add(t.r * p_row + 2 * t.j0);
+            let (vt, o) = (v.add(t.j0 * d + t.c0), out.add(t.r * d + t.c0));
+            let f = finish.filter(|_| t.last).map(|(scales, inv, out, stride)| {
+                (
+                    scales.add(t.c0),
+                    inv.add(t.r),
+                    out.add(t.r * stride + t.c0),
+                    stride,
+                )
+            });
+            let s = (p_row, d, t.pairs, t.first, f);
+            match (t.full_rows, t.wide) {
+                (true, true) => sum_tile::<MR, NV>(w, vt, o, s),
+                (true, false) => sum_tile::<MR, 1>(w, vt, o, s),
+                (false, true) => sum_tile::<1, NV>(w, vt, o, s),
+                (false, false) => sum_tile::<1, 1>(w, vt, o, s),
             }
-            r += mr;
         }
-        j0 += kn;
     }
 }
 

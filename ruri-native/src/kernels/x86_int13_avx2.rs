@@ -12,7 +12,7 @@
 use std::arch::x86_64::*;
 
 use super::bf16::LANES;
-use super::int13::{SUM_CHUNK, TILE_MAX_D, scores_fit, weighted_sum_fits};
+use super::int13::{TILE_MAX_D, scores_fit, sum_tiles, weighted_sum_fits};
 
 /// i32 lanes of a vector.
 const W: usize = 8;
@@ -182,9 +182,8 @@ pub(crate) fn weighted_sum(
     }
 }
 
-/// Chunk by chunk of `SUM_CHUNK` key pairs (its values stay in L1 while every tile of rows
-/// goes over them): each tile's i32 sums of the chunk, then added to its i64 sums (stored
-/// on the first chunk).
+/// The tiles in `super::int13::sum_tiles`' walk: each tile's i32 sums of a chunk, then
+/// added to its i64 sums (stored on the first chunk).
 #[target_feature(enable = "avx2")]
 unsafe fn weighted_sum_tiles(
     p: *const u16,
@@ -195,34 +194,20 @@ unsafe fn weighted_sum_tiles(
     d: usize,
     out: *mut i64,
 ) {
-    let mut j0 = 0;
-    while j0 < pairs {
-        let kn = SUM_CHUNK.min(pairs - j0);
-        let first = j0 == 0;
-        let mut r = 0;
-        while r < rows {
-            let mr = (rows - r).min(MR);
-            let mut c0 = 0;
-            while c0 < d {
-                let wide = d - c0 >= NV * W;
-                // SAFETY: rows r..r + mr ≤ rows of p and out, pairs j0..j0 + kn ≤ pairs of
-                // v, channels c0..c0 + 8·(NV or 1) ≤ d (the caller's sizes).
-                unsafe {
-                    let w = p.add(r * p_row + 2 * j0);
-                    let (vt, o) = (v.add(j0 * d + c0), out.add(r * d + c0));
-                    let s = (p_row, d, kn, first);
-                    match (mr, wide) {
-                        (MR, true) => sum_tile::<MR, NV>(w, vt, o, s),
-                        (MR, false) => sum_tile::<MR, 1>(w, vt, o, s),
-                        (_, true) => sum_tile::<1, NV>(w, vt, o, s),
-                        (_, false) => sum_tile::<1, 1>(w, vt, o, s),
-                    }
-                }
-                c0 += if wide { NV * W } else { W };
+    for t in sum_tiles(rows, pairs, d, MR, (NV * W, W)) {
+        // SAFETY: the tile's rows ≤ rows of p and out, its pairs ≤ pairs of v, its
+        // channels ≤ d (`sum_tiles` keeps every tile inside its shape; the caller's sizes).
+        unsafe {
+            let w = p.add(t.r * p_row + 2 * t.j0);
+            let (vt, o) = (v.add(t.j0 * d + t.c0), out.add(t.r * d + t.c0));
+            let s = (p_row, d, t.pairs, t.first);
+            match (t.full_rows, t.wide) {
+                (true, true) => sum_tile::<MR, NV>(w, vt, o, s),
+                (true, false) => sum_tile::<MR, 1>(w, vt, o, s),
+                (false, true) => sum_tile::<1, NV>(w, vt, o, s),
+                (false, false) => sum_tile::<1, 1>(w, vt, o, s),
             }
-            r += mr;
         }
-        j0 += kn;
     }
 }
 
