@@ -221,6 +221,23 @@ unsafe fn softmax_tiles(
     unsafe { _mm512_storeu_ps(partial.as_mut_ptr(), acc) };
 }
 
+/// Row `r`'s 16 whole sums of channel vector `n` of a tile (converted to f32), times their
+/// channels' scales, times the row's `1 / total`, stored as its outputs.
+///
+/// # Safety
+/// `f` (at the tile's first row and channel) holds the scales of channels `16n..16n + 16`,
+/// row `r`'s inverse and row `r`'s 16 outputs from channel `16n`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn store_outputs(sums: __m512, (scales, inv, y, stride): FinishAt, r: usize, n: usize) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let s = _mm512_loadu_ps(scales.add(n * LANES));
+        let scaled = _mm512_mul_ps(_mm512_mul_ps(sums, s), _mm512_set1_ps(*inv.add(r)));
+        _mm512_storeu_ps(y.add(r * stride + n * LANES), scaled);
+    }
+}
+
 /// `super::int13::Products::weighted_sum` on the tiles; `d` a multiple of 16. With
 /// `finish`, `super::int13::Products::weighted_average`'s outputs as well: the last chunk's
 /// tiles convert each row's sums and scale them as `super::int13::finish` does.
@@ -349,11 +366,8 @@ unsafe fn sum_tile<const R: usize, const N: usize>(
             // 16 channels' scales, its row's inverse and 16 outputs (the caller's sizes).
             unsafe {
                 let o = out.add(r * d + n * LANES);
-                if let (Some((scales, inv, y, stride)), true) = (finish, first) {
-                    let sums = _mm512_cvtepi32_ps(a);
-                    let s = _mm512_loadu_ps(scales.add(n * LANES));
-                    let scaled = _mm512_mul_ps(_mm512_mul_ps(sums, s), _mm512_set1_ps(*inv.add(r)));
-                    _mm512_storeu_ps(y.add(r * stride + n * LANES), scaled);
+                if let (Some(f), true) = (finish, first) {
+                    store_outputs(_mm512_cvtepi32_ps(a), f, r, n);
                     continue;
                 }
                 let lo = _mm512_cvtepi32_epi64(_mm512_castsi512_si256(a));
@@ -366,14 +380,12 @@ unsafe fn sum_tile<const R: usize, const N: usize>(
                         _mm512_add_epi64(hi, _mm512_loadu_si512(o.add(8).cast())),
                     )
                 };
-                if let Some((scales, inv, y, stride)) = finish {
+                if let Some(f) = finish {
                     let sums = _mm512_insertf32x8::<1>(
                         _mm512_castps256_ps512(_mm512_cvtepi64_ps(lo)),
                         _mm512_cvtepi64_ps(hi),
                     );
-                    let s = _mm512_loadu_ps(scales.add(n * LANES));
-                    let scaled = _mm512_mul_ps(_mm512_mul_ps(sums, s), _mm512_set1_ps(*inv.add(r)));
-                    _mm512_storeu_ps(y.add(r * stride + n * LANES), scaled);
+                    store_outputs(sums, f, r, n);
                     continue;
                 }
                 _mm512_storeu_si512(o.cast(), lo);
