@@ -29,4 +29,6 @@ const t = performance.now();
 const [vector] = embedder.embedDocuments([text]);
 const seconds = (performance.now() - t) / 1000;
 if (!(vector.length > 0 && vector.every(Number.isFinite))) throw new Error("no finite vector");
-console.log(JSON.stringify({ attention, tokens: Number(tokens), seconds, wasm_mib: ruri.wasmMemoryBytes() / 2 ** 20 }));
+// tools/bench/rounds.py's fields (tools/wasm/long_text.sh adds the round).
+const system = `wasm ${attention} attention`;
+console.log(JSON.stringify({ system, attention, tokens: Number(tokens), seconds, wasm_mib: ruri.wasmMemoryBytes() / 2 ** 20 }));

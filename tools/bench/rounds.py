@@ -36,6 +36,7 @@ METRICS = [
     ("cold_start_s", "cold start s", 3, False),
     ("peak_rss_mb", "peak RSS MB", 0, False),
     ("seconds", "one long text s", 2, False),
+    ("wasm_mib", "wasm memory MiB", 0, False),
 ]
 
 

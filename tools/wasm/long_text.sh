@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One long text in WebAssembly under node, by attention precision: ROUNDS alternated rounds
 # (each precision once a round, each run a fresh node process, the order rotated from round
-# to round), then the median seconds with the range and each precision's ratio to the first
-# one's time, per round (ruri-wasm/tests/long_text.mjs measures one run). Needs the wasm
+# to round), then tools/bench/rounds.py's tables: the medians with their ranges, and each
+# precision's ratio to the first one's, per round (ruri-wasm/tests/long_text.mjs measures
+# one run). Needs the wasm
 # build (tools/wasm/build.sh) and the 30m-shape model and workload (tools/testdata/generate.sh
 # 30m, tools/bench/make_workload.py).
 #
@@ -24,20 +25,4 @@ for ((r = 0; r < rounds; r++)); do
     node "$root/ruri-wasm/tests/long_text.mjs" "$p" "$tokens" | sed "s/^{/{\"round\":$r,/" >> "$out"
   done
 done
-python3 - "$out" "${precisions[@]}" <<'PY'
-import json, statistics, sys
-path, first, *rest = sys.argv[1:]
-runs = [json.loads(l) for l in open(path)]
-by = lambda p: {r["round"]: r for r in runs if r["attention"] == p}
-def span(xs):
-    return f"{statistics.median(xs):.2f} [{min(xs):.2f}–{max(xs):.2f}]"
-print(f"| attention | seconds | wasm MiB | per-round time ÷ {first}'s |")
-print("|---|---:|---:|---:|")
-base = by(first)
-for p in [first, *rest]:
-    mine = by(p)
-    secs = [r["seconds"] for r in mine.values()]
-    mem = [r["wasm_mib"] for r in mine.values()]
-    ratios = [mine[k]["seconds"] / base[k]["seconds"] for k in mine if k in base]
-    print(f"| {p} | {span(secs)} | {statistics.median(mem):.0f} | {span(ratios)} |")
-PY
+python3 "$root/tools/bench/rounds.py" "$out" --baseline "wasm ${precisions[0]} attention" --per-round
