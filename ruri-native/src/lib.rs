@@ -683,13 +683,57 @@ pub enum Precision {
     Int8,
 }
 
-impl std::fmt::Display for Precision {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
+impl Named for Precision {
+    const ALL: &[Self] = &[Precision::Int8, Precision::Fp32];
+    const OPTION: &str = "precision";
+    const KNOWN: &str = "known: int8, fp32";
+
+    fn name(self) -> &'static str {
+        match self {
             Precision::Fp32 => "fp32",
             Precision::Int8 => "int8",
-        })
+        }
     }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = Error;
+
+    /// `"int8"` or `"fp32"`; another name is [`Error::InvalidOption`] (option `precision`).
+    fn from_str(name: &str) -> Result<Self> {
+        by_name(name)
+    }
+}
+
+/// An option whose values go by names: those [`Display`](std::fmt::Display) writes and
+/// `FromStr` reads (through [`by_name`]).
+trait Named: Copy + 'static {
+    /// Every value.
+    const ALL: &[Self];
+    /// The option's name in [`Error::InvalidOption`].
+    const OPTION: &str;
+    /// The reason given for an unknown name: the known ones.
+    const KNOWN: &str;
+    fn name(self) -> &'static str;
+}
+
+/// The value named `name` (exactly), or [`Error::InvalidOption`].
+fn by_name<T: Named>(name: &str) -> Result<T> {
+    T::ALL
+        .iter()
+        .copied()
+        .find(|v| v.name() == name)
+        .ok_or_else(|| Error::InvalidOption {
+            name: T::OPTION,
+            value: name.to_owned(),
+            reason: T::KNOWN,
+        })
 }
 
 /// How attention's two products (each query against the keys, the probabilities against
@@ -722,13 +766,37 @@ pub enum AttentionPrecision {
     Int13,
 }
 
-impl std::fmt::Display for AttentionPrecision {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
+impl Named for AttentionPrecision {
+    const ALL: &[Self] = &[
+        AttentionPrecision::F32,
+        AttentionPrecision::Bf16,
+        AttentionPrecision::Int13,
+    ];
+    const OPTION: &str = "attention";
+    const KNOWN: &str = "known: f32, bf16, int13";
+
+    fn name(self) -> &'static str {
+        match self {
             AttentionPrecision::F32 => "f32",
             AttentionPrecision::Bf16 => "bf16",
             AttentionPrecision::Int13 => "int13",
-        })
+        }
+    }
+}
+
+impl std::fmt::Display for AttentionPrecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for AttentionPrecision {
+    type Err = Error;
+
+    /// `"f32"`, `"bf16"` or `"int13"`; another name is [`Error::InvalidOption`] (option
+    /// `attention`).
+    fn from_str(name: &str) -> Result<Self> {
+        by_name(name)
     }
 }
 
@@ -750,6 +818,36 @@ pub enum EmbeddingTable {
     /// f32 table); on the 30m-shape benchmark model, int8, 0.99794 (0.99935 with the f32
     /// table; BENCHMARKS.md). ruri-wasm's default.
     Int8,
+}
+
+/// The names are also those of ruri's int8 file's `embedding_table`.
+impl Named for EmbeddingTable {
+    const ALL: &[Self] = &[EmbeddingTable::F32, EmbeddingTable::Int8];
+    const OPTION: &str = "embedding_table";
+    const KNOWN: &str = "known: f32, int8";
+
+    fn name(self) -> &'static str {
+        match self {
+            EmbeddingTable::F32 => "f32",
+            EmbeddingTable::Int8 => "int8",
+        }
+    }
+}
+
+impl std::fmt::Display for EmbeddingTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for EmbeddingTable {
+    type Err = Error;
+
+    /// `"f32"` or `"int8"`; another name is [`Error::InvalidOption`] (option
+    /// `embedding_table`).
+    fn from_str(name: &str) -> Result<Self> {
+        by_name(name)
+    }
 }
 
 /// Starts a builder of a [`TextEmbedder`] on the native engine (`ruri::native::builder()`).
@@ -1298,5 +1396,65 @@ impl NativeBackend {
             start = end;
         }
         groups
+    }
+}
+
+#[cfg(test)]
+mod names {
+    use super::*;
+
+    /// The option names a configuration, a command line or JavaScript gives (written out
+    /// here, not taken from the code): each parses to its value and is what it displays.
+    #[test]
+    fn option_names_parse_to_their_values_and_back() {
+        for (name, value) in [("int8", Precision::Int8), ("fp32", Precision::Fp32)] {
+            assert_eq!(name.parse::<Precision>().unwrap(), value);
+            assert_eq!(value.to_string(), name);
+        }
+        for (name, value) in [
+            ("f32", AttentionPrecision::F32),
+            ("bf16", AttentionPrecision::Bf16),
+            ("int13", AttentionPrecision::Int13),
+        ] {
+            assert_eq!(name.parse::<AttentionPrecision>().unwrap(), value);
+            assert_eq!(value.to_string(), name);
+        }
+        for (name, value) in [("f32", EmbeddingTable::F32), ("int8", EmbeddingTable::Int8)] {
+            assert_eq!(name.parse::<EmbeddingTable>().unwrap(), value);
+            assert_eq!(value.to_string(), name);
+        }
+    }
+
+    /// Another name (exact, case and all) is a typed error naming the option and the value.
+    #[test]
+    fn unknown_names_are_invalid_options() {
+        let refused = [
+            ("precision", "fp16", "fp16".parse::<Precision>().err()),
+            ("precision", "INT8", "INT8".parse::<Precision>().err()),
+            (
+                "attention",
+                "int8",
+                "int8".parse::<AttentionPrecision>().err(),
+            ),
+            ("attention", "", "".parse::<AttentionPrecision>().err()),
+            (
+                "embedding_table",
+                "bf16",
+                "bf16".parse::<EmbeddingTable>().err(),
+            ),
+        ];
+        for (option, given, error) in refused {
+            match error {
+                Some(Error::InvalidOption {
+                    name,
+                    value,
+                    reason,
+                }) => {
+                    assert_eq!((name, value.as_str()), (option, given));
+                    assert!(reason.starts_with("known: "), "{reason}");
+                }
+                other => panic!("{option} {given:?}: expected InvalidOption, got {other:?}"),
+            }
+        }
     }
 }

@@ -221,15 +221,10 @@ pub(crate) fn file_options(
             });
         }
     }
-    let table = match field("embedding_table")?.as_str() {
-        "int8" => EmbeddingTable::Int8,
-        "f32" => EmbeddingTable::F32,
-        other => {
-            return Err(invalid(format!(
-                "embedding_table = {other:?} (int8 or f32)"
-            )));
-        }
-    };
+    let table = field("embedding_table")?;
+    let table: EmbeddingTable = table
+        .parse()
+        .map_err(|_| invalid(format!("embedding_table = {table:?} (int8 or f32)")))?;
     let outliers = match field("outlier_channels")?.as_str() {
         "true" => true,
         "false" => false,
@@ -453,8 +448,8 @@ impl FileOptions {
         if let Some(table) = table.filter(|&t| t != file.table) {
             return Err(mismatch(
                 "embedding_table",
-                table_name(file.table).into(),
-                table_name(table).into(),
+                file.table.to_string(),
+                table.to_string(),
             ));
         }
         if let Some(outliers) = outliers.filter(|&o| o != file.outliers) {
@@ -467,13 +462,6 @@ impl FileOptions {
         requested.table = file.table;
         requested.outliers = file.outliers;
         Ok(requested)
-    }
-}
-
-fn table_name(table: EmbeddingTable) -> &'static str {
-    match table {
-        EmbeddingTable::Int8 => "int8",
-        EmbeddingTable::F32 => "f32",
     }
 }
 
@@ -777,10 +765,7 @@ pub(crate) fn write(
     let mut meta = BTreeMap::new();
     meta.insert("format".to_owned(), FORMAT.to_owned());
     meta.insert("format_version".to_owned(), VERSION.to_string());
-    meta.insert(
-        "embedding_table".to_owned(),
-        table_name(options.table).to_owned(),
-    );
+    meta.insert("embedding_table".to_owned(), options.table.to_string());
     meta.insert("outlier_channels".to_owned(), options.outliers.to_string());
     for (key, value) in identity(config) {
         meta.insert(key.to_owned(), value.to_string());

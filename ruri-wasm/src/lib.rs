@@ -411,48 +411,15 @@ impl Options {
         let Some(object) = object else {
             return Ok(options);
         };
-        if let Some(name) = string_option(object, "kernel")? {
-            options.kernel = Some(name.parse()?);
+        options.kernel = parsed(object, "kernel")?;
+        if let Some(precision) = parsed(object, "precision")? {
+            options.precision = precision;
         }
-        if let Some(name) = string_option(object, "precision")? {
-            options.precision = match name.as_str() {
-                "int8" => Precision::Int8,
-                "fp32" => Precision::Fp32,
-                _ => {
-                    return Err(Error::InvalidOption {
-                        name: "precision",
-                        value: name,
-                        reason: "known: int8, fp32",
-                    });
-                }
-            };
+        if let Some(table) = parsed(object, "embeddingTable")? {
+            options.table = table;
         }
-        if let Some(name) = string_option(object, "embeddingTable")? {
-            options.table = match name.as_str() {
-                "int8" => EmbeddingTable::Int8,
-                "f32" => EmbeddingTable::F32,
-                _ => {
-                    return Err(Error::InvalidOption {
-                        name: "embeddingTable",
-                        value: name,
-                        reason: "known: int8, f32",
-                    });
-                }
-            };
-        }
-        if let Some(name) = string_option(object, "attention")? {
-            options.attention = match name.as_str() {
-                "f32" => AttentionPrecision::F32,
-                "bf16" => AttentionPrecision::Bf16,
-                "int13" => AttentionPrecision::Int13,
-                _ => {
-                    return Err(Error::InvalidOption {
-                        name: "attention",
-                        value: name,
-                        reason: "known: f32, bf16, int13",
-                    });
-                }
-            };
+        if let Some(attention) = parsed(object, "attention")? {
+            options.attention = attention;
         }
         let value = get(object, "maxLength");
         if !value.is_undefined() {
@@ -487,6 +454,26 @@ fn string_option(object: &js_sys::Object, key: &'static str) -> ruri_core::Resul
             value: format!("{value:?}"),
             reason: "needs a string",
         })
+}
+
+/// The string option `key` by ruri-native's names for it (its `FromStr`: `kernel`,
+/// `precision`, `embeddingTable`, `attention`), an unknown name an `InvalidOption` under
+/// JavaScript's name for the option.
+fn parsed<T: std::str::FromStr<Err = Error>>(
+    object: &js_sys::Object,
+    key: &'static str,
+) -> ruri_core::Result<Option<T>> {
+    let Some(name) = string_option(object, key)? else {
+        return Ok(None);
+    };
+    name.parse().map(Some).map_err(|error| match error {
+        Error::InvalidOption { value, reason, .. } => Error::InvalidOption {
+            name: key,
+            value,
+            reason,
+        },
+        other => other,
+    })
 }
 
 fn backend_dim(backend: &ruri_native::NativeBackend) -> usize {
