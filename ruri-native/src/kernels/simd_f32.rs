@@ -1013,7 +1013,7 @@ fn fp32_gemm_body<const FMA: bool, const NC: usize>(
                         let acc;
                         (acc, mr) = fp32_rows::<FMA, NC>(x, k, r, row_end, panel, c0, ahead());
                         for (y, acc) in y.iter_mut().zip(&acc) {
-                            y[c0..c0 + NC].copy_from_slice(acc);
+                            *strip::<NC>(y, c0) = *acc;
                         }
                     }
                     for (i, y) in y.iter().enumerate().take(mr) {
@@ -1035,6 +1035,10 @@ fn fp32_gemm_body<const FMA: bool, const NC: usize>(
                             for (o, &a) in o.iter_mut().zip(acc) {
                                 *o += a;
                             }
+                        } else if width == NC {
+                            // A whole strip: a copy of known length, in registers (a copy
+                            // of `width` values was a call to memcpy a row).
+                            *strip::<NC>(o, 0) = *acc;
                         } else {
                             o.copy_from_slice(&acc[..width]);
                         }
@@ -1043,6 +1047,13 @@ fn fp32_gemm_body<const FMA: bool, const NC: usize>(
             }
         }
     }
+}
+
+/// The `NC` values of `row` from `c0`, as an array (so that copies into it have a known
+/// length).
+#[inline(always)]
+fn strip<const NC: usize>(row: &mut [f32], c0: usize) -> &mut [f32; NC] {
+    (&mut row[c0..c0 + NC]).try_into().expect("NC values")
 }
 
 /// Rows `r..row_end` of `x` (at most [`FP32_MR`] of them: the tile's rows, how many) times
