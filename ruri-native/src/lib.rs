@@ -696,21 +696,6 @@ impl Named for Precision {
     }
 }
 
-impl std::fmt::Display for Precision {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for Precision {
-    type Err = Error;
-
-    /// `"int8"` or `"fp32"`; another name is [`Error::InvalidOption`] (option `precision`).
-    fn from_str(name: &str) -> Result<Self> {
-        by_name(name)
-    }
-}
-
 /// An option whose values go by names: those [`Display`](std::fmt::Display) writes and
 /// `FromStr` reads (through [`by_name`]).
 trait Named: Copy + 'static {
@@ -784,22 +769,6 @@ impl Named for AttentionPrecision {
     }
 }
 
-impl std::fmt::Display for AttentionPrecision {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for AttentionPrecision {
-    type Err = Error;
-
-    /// `"f32"`, `"bf16"` or `"int13"`; another name is [`Error::InvalidOption`] (option
-    /// `attention`).
-    fn from_str(name: &str) -> Result<Self> {
-        by_name(name)
-    }
-}
-
 /// How the token-embedding table is held (102,400 × 256 for Ruri v3: 105 MB in f32).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -834,21 +803,27 @@ impl Named for EmbeddingTable {
     }
 }
 
-impl std::fmt::Display for EmbeddingTable {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
+/// `Display` and `FromStr` of [`Named`] types: the names of [`Named::ALL`]; another name is
+/// [`Error::InvalidOption`] (option [`Named::OPTION`]).
+macro_rules! named_options {
+    ($($ty:ty),*) => {$(
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+
+        impl std::str::FromStr for $ty {
+            type Err = Error;
+
+            fn from_str(name: &str) -> Result<Self> {
+                by_name(name)
+            }
+        }
+    )*};
 }
 
-impl std::str::FromStr for EmbeddingTable {
-    type Err = Error;
-
-    /// `"f32"` or `"int8"`; another name is [`Error::InvalidOption`] (option
-    /// `embedding_table`).
-    fn from_str(name: &str) -> Result<Self> {
-        by_name(name)
-    }
-}
+named_options!(Precision, AttentionPrecision, EmbeddingTable);
 
 /// Starts a builder of a [`TextEmbedder`] on the native engine (`ruri::native::builder()`).
 pub fn builder() -> NativeBuilder {
