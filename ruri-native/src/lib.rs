@@ -1400,6 +1400,19 @@ mod names {
         }
     }
 
+    /// Each option's error lists exactly its names, in `ALL`'s order: `KNOWN` is written
+    /// beside the names, and must not drift from them.
+    #[test]
+    fn the_known_names_are_every_name() {
+        fn listed<T: Named>() -> String {
+            let names: Vec<_> = T::ALL.iter().map(|v| v.name()).collect();
+            format!("known: {}", names.join(", "))
+        }
+        assert_eq!(listed::<Precision>(), Precision::KNOWN);
+        assert_eq!(listed::<AttentionPrecision>(), AttentionPrecision::KNOWN);
+        assert_eq!(listed::<EmbeddingTable>(), EmbeddingTable::KNOWN);
+    }
+
     /// Another name (exact, case and all) is a typed error naming the option and the value.
     #[test]
     fn unknown_names_are_invalid_options() {

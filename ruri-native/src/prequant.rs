@@ -31,10 +31,10 @@ use std::path::{Path, PathBuf};
 use ruri_core::safetensors::{self, TensorEntry};
 use ruri_core::{Error, ModelConfig, Result};
 
-use crate::EmbeddingTable;
 use crate::linear::{Int8Parts, LinearParts};
 use crate::model::{Assembler, EMBEDDINGS, LoadOptions, Quantized};
 use crate::weights::{Dtype, Entry, Header, Safetensors, Source};
+use crate::{EmbeddingTable, Named};
 
 /// The file's name in a model folder: `.safetensors`, so that tools open it, and not
 /// `model.safetensors`, so that transformers and sentence-transformers never take it for
@@ -222,9 +222,12 @@ pub(crate) fn file_options(
         }
     }
     let table = field("embedding_table")?;
-    let table: EmbeddingTable = table
-        .parse()
-        .map_err(|_| invalid(format!("embedding_table = {table:?} (int8 or f32)")))?;
+    let table: EmbeddingTable = table.parse().map_err(|_| {
+        invalid(format!(
+            "embedding_table = {table:?} ({})",
+            EmbeddingTable::KNOWN
+        ))
+    })?;
     let outliers = match field("outlier_channels")?.as_str() {
         "true" => true,
         "false" => false,
