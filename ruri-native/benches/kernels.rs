@@ -110,8 +110,8 @@ fn kernels(c: &mut Criterion) {
     }
     // int13 attention (`AttentionPrecision::Int13`): each place it can run its products
     // (`int13_portable`, the loops CPUs without the instructions run; `int13_avx512vnni`,
-    // the `vpdpwssd` tiles).
-    for len in [23, 2048] {
+    // the `vpdpwssd` tiles), also on a query-sized text.
+    for len in [12, 23, 2048] {
         for (name, mut attention) in Attention::int13_variants(len, 4, 64) {
             group.throughput(Throughput::Elements(len as u64));
             group.bench_function(format!("text_{len}_int13_{name}"), |b| {

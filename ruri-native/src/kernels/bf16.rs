@@ -1113,6 +1113,29 @@ fn softmax_masked_block<const INT13: bool>(
     }
 }
 
+/// [`softmax_masked_block`]; with `INT13` and `tiles`, on `x86_int13`'s AVX-512 tile (the same
+/// bits: a short text's one block and a window's edges are masked ones).
+#[inline(always)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))] // `tiles`: x86's
+fn masked_block<const INT13: bool>(
+    tiles: bool,
+    block: &[f32; LANES],
+    own: [bool; LANES],
+    cm: (f32, f32),
+    w: &mut [u16; LANES],
+    partial: &mut [f32; LANES],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if INT13 && tiles {
+        let mut mask = 0u16;
+        for (i, &o) in own.iter().enumerate() {
+            mask |= u16::from(o) << i;
+        }
+        return super::x86_int13::softmax_masked_block(block, mask, cm, w, partial);
+    }
+    softmax_masked_block::<INT13>(block, own, cm, w, partial);
+}
+
 /// The softmax's blocks of own keys only: lane `i` of each block in turn, `e =
 /// 2^(x · c − max)` added to `partial[i]`, its weight `to_bf16(e)` (`INT13`:
 /// [`int13_weight`]).
@@ -1210,6 +1233,12 @@ fn softmax_rows<const INT13: bool>(
     let c = scale * std::f32::consts::LOG2_E;
     assert!(p.len() >= rows * width && inv.len() >= rows);
     assert!(maxes.is_none_or(|m| m.len() >= rows));
+    // Each row's partial sums, by lane, for up to 16 rows: `columns[i][r % 16]` is lane `i`
+    // of row `r`. A row's total is its lanes added in order, `((0 + p₀) + p₁) + …`; the
+    // totals of 16 rows are taken side by side, a vector addition a lane (a row's 16
+    // dependent additions one after another, and its division, were most of a short text's
+    // softmax).
+    let mut columns = [[0.0f32; LANES]; LANES];
     for (r, &(lo, hi)) in own.iter().enumerate() {
         assert!(lo <= hi && hi <= width);
         let blocks = s[r * width..(r + 1) * width].as_chunks::<LANES>().0;
@@ -1233,9 +1262,10 @@ fn softmax_rows<const INT13: bool>(
         // 2^(s · c − max), the partial sums and the weights, block after block (each lane's sum
         // in key order): the first block if masked, the whole ones, the last if masked.
         let mut partial = [0.0f32; LANES];
+        let cm = (c, max);
         if let Some(b) = first {
             let own = own_lanes(b, (lo, hi));
-            softmax_masked_block::<INT13>(&blocks[b], own, (c, max), &mut weights[b], &mut partial);
+            masked_block::<INT13>(tiles, &blocks[b], own, cm, &mut weights[b], &mut partial);
         }
         match () {
             #[cfg(target_arch = "x86_64")]
@@ -1262,12 +1292,26 @@ fn softmax_rows<const INT13: bool>(
         }
         if let Some(b) = last {
             let own = own_lanes(b, (lo, hi));
-            softmax_masked_block::<INT13>(&blocks[b], own, (c, max), &mut weights[b], &mut partial);
+            masked_block::<INT13>(tiles, &blocks[b], own, cm, &mut weights[b], &mut partial);
         }
         weights[..b_lo].iter_mut().for_each(|w| w.fill(0));
         weights[b_hi..].iter_mut().for_each(|w| w.fill(0));
-        let total = partial.iter().fold(0.0f32, |t, &x| t + x);
-        inv[r] = 1.0 / total;
+        let at = r % LANES;
+        for (column, &x) in columns.iter_mut().zip(&partial) {
+            column[at] = x;
+        }
+        if at == LANES - 1 || r + 1 == rows {
+            // Lanes past `at` hold an earlier chunk's rows (or zeros): computed, not kept.
+            let mut totals = [0.0f32; LANES];
+            for column in &columns {
+                for (t, &x) in totals.iter_mut().zip(column) {
+                    *t += x;
+                }
+            }
+            for (inv, &total) in inv[r - at..=r].iter_mut().zip(&totals) {
+                *inv = 1.0 / total;
+            }
+        }
     }
 }
 
@@ -1622,6 +1666,50 @@ pub(crate) mod tests {
                         prop_assert_eq!(&got, want, "{:?}, maxes given: {}", products, given.is_some());
                         prop_assert_eq!(inv[r].to_bits(), want_inv.to_bits());
                     }
+                }
+            }
+        }
+
+        /// int13's softmax on every variant this CPU runs (the AVX-512 tiles do its whole
+        /// blocks and, since they became int8's default, its masked ones: a short text's
+        /// only block, a window's edges) gives the portable loops' bits: weights and
+        /// `1 / total`, with scores that include infinities and NaNs outside and inside the
+        /// own keys, the maxes given or not.
+        #[test]
+        fn int13_softmax_is_the_portable_one_on_every_variant(
+            blocks in 1usize..5,
+            lo in 0usize..40,
+            n in 1usize..60,
+            seed in any::<u64>(),
+            spread in prop_oneof![Just(1.0f32), Just(60.0f32)],
+            odd in prop_oneof![Just(None), Just(Some(f32::NAN)), Just(Some(f32::INFINITY)), Just(Some(f32::NEG_INFINITY))],
+            at in 0usize..80,
+        ) {
+            let width = blocks * 16;
+            let lo = lo.min(width - 1);
+            let hi = (lo + n).min(width);
+            let rows = 3;
+            let mut s = values(seed, rows * width, spread);
+            // Row 0 keeps finite scores; row 1 takes the odd value at a lane anywhere (its
+            // own keys or not); row 2 at an own key.
+            if let Some(x) = odd {
+                s[width + at % width] = x;
+                s[2 * width + lo + at % (hi - lo)] = x;
+            }
+            let own = [(lo, hi); 3];
+            let maxes: Vec<f32> = s
+                .chunks_exact(width)
+                .map(|row| row[lo..hi].iter().fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m }))
+                .collect();
+            let run = |products, given: Option<&[f32]>| {
+                let (mut p, mut inv) = (vec![7u16; rows * width], [0.0f32; 3]);
+                softmax_int13(products, &s, width, &own, 0.25, given, &mut p, &mut inv);
+                (p, inv.map(f32::to_bits))
+            };
+            for given in [None, Some(&maxes[..])] {
+                let portable = run(super::super::int13::Products::Portable, given);
+                for products in super::super::int13::Products::all() {
+                    prop_assert_eq!(&run(products, given), &portable, "{:?}", products);
                 }
             }
         }

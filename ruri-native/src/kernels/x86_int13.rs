@@ -221,6 +221,47 @@ unsafe fn softmax_tiles(
     unsafe { _mm512_storeu_ps(partial.as_mut_ptr(), acc) };
 }
 
+/// The softmax's block that holds other keys beside own ones (`super::bf16`'s masked block:
+/// a short text's one block, a window's first and last): lane `i` is own where bit `i` of
+/// `own` is set. Each lane's `e` is [`softmax_blocks`]' step, then 0 where not own, added to
+/// `partial[i]` (a 0 leaves a total of non-negative exps as it was) and its weight into
+/// `w[i]` (0 where not own), as the portable block does lane by lane.
+pub(crate) fn softmax_masked_block(
+    block: &[f32; LANES],
+    own: u16,
+    (c, max): (f32, f32),
+    w: &mut [u16; LANES],
+    partial: &mut [f32; LANES],
+) {
+    assert!(available(), "AVX-512 tiles on a CPU without them");
+    // SAFETY: the CPU has AVX-512F and BW (checked above); `block`, `w` and `partial` are
+    // arrays of 16 lanes, which is what the function reads and writes.
+    unsafe { softmax_masked_tile(block, own, (c, max), w, partial) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn softmax_masked_tile(
+    block: &[f32; LANES],
+    own: u16,
+    (c, max): (f32, f32),
+    w: &mut [u16; LANES],
+    partial: &mut [f32; LANES],
+) {
+    let cm = (_mm512_set1_ps(c), _mm512_set1_ps(max));
+    let mut unused = _mm512_setzero_ps();
+    // SAFETY: one block of 16 scores.
+    let [e] = unsafe { super::x86_bf16::exps::<1>(block.as_ptr(), cm, &mut unused) };
+    let e = _mm512_maskz_mov_ps(own, e);
+    // SAFETY: `partial` is 16 f32s.
+    let acc = unsafe { _mm512_loadu_ps(partial.as_ptr()) };
+    // SAFETY: as above.
+    unsafe { _mm512_storeu_ps(partial.as_mut_ptr(), _mm512_add_ps(acc, e)) };
+    let levels = _mm512_set1_ps(super::int13::LEVELS_F32);
+    let weights = _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(e, levels)));
+    // SAFETY: `w` is 16 u16s, 32 bytes.
+    unsafe { _mm256_storeu_si256(w.as_mut_ptr().cast(), weights) };
+}
+
 /// Row `r`'s 16 whole sums of channel vector `n` of a tile (converted to f32), times their
 /// channels' scales, times the row's `1 / total`, stored as its outputs.
 ///
