@@ -46,7 +46,8 @@ struct Args {
     /// written by `ruri quantize` with the same embedding table), candle_f32, candle_bf16.
     /// A native system's name followed by `_bf16attn` (native_int8_bf16attn, …) runs
     /// attention's products in bf16 (`AttentionPrecision::Bf16`), by `_int13attn` in 13-bit
-    /// integers (`AttentionPrecision::Int13`).
+    /// integers (`AttentionPrecision::Int13`), by `_f32attn` in f32; without a suffix, the
+    /// builder's default (int13 at int8, f32 at fp32).
     #[arg(long, default_value = "native_int8,native_fp32")]
     systems: String,
     /// Timed passes over the documents (the median is reported).
@@ -137,13 +138,14 @@ fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn E
     let suffixed = [
         ("_bf16attn", AttentionPrecision::Bf16),
         ("_int13attn", AttentionPrecision::Int13),
+        ("_f32attn", AttentionPrecision::F32),
     ]
     .into_iter()
     .find_map(|(suffix, a)| Some((system.strip_suffix(suffix)?, suffix, a)));
     let (system, attention) = match suffixed {
-        Some((base, _, a)) if base.starts_with("native_") => (base, a),
+        Some((base, _, a)) if base.starts_with("native_") => (base, Some(a)),
         Some((_, suffix, _)) => return Err(format!("{system}: only native systems take {suffix}")),
-        None => (system, AttentionPrecision::F32),
+        None => (system, None),
     };
     let mut batching = ruri::BatchOptions::default();
     if let Some(t) = args.max_batch_tokens {
@@ -193,13 +195,15 @@ fn build(system: &str, args: &Args, model: &std::path::Path) -> Result<Box<dyn E
                        prequantized| {
         let mut builder = ruri::native::builder()
             .precision(precision)
-            .attention(attention)
             .outlier_channels(outliers)
             .embedding_table(table)
             .prequantized(prequantized)
             .batching(batching);
         if let Some(t) = threads.or(args.threads) {
             builder = builder.threads(t);
+        }
+        if let Some(attention) = attention {
+            builder = builder.attention(attention);
         }
         builder
             .build_from_dir(model)

@@ -92,9 +92,10 @@ pub struct ModelArgs {
     /// Attention's two products in f32, in bfloat16 with f32 sums, or in 13-bit integers with
     /// exact sums (bf16 and int13: backend native, fp32 or int8): about half the attention
     /// time on long texts, bf16 on CPUs with AVX-512 BF16, int13 on CPUs with AVX-512 VNNI;
-    /// the same vectors on every CPU, a little further from sentence-transformers'.
-    #[arg(long, value_enum, default_value_t = AttentionPrecision::F32)]
-    pub attention: AttentionPrecision,
+    /// the same vectors on every CPU, a little further from sentence-transformers'. Default:
+    /// int13 at native int8, else f32.
+    #[arg(long, value_enum)]
+    pub attention: Option<AttentionPrecision>,
 }
 
 impl ModelArgs {

@@ -255,22 +255,23 @@ impl FromStr for Precision {
 /// How the native engine computes attention's two products (each query against the keys,
 /// the probabilities against the values); the other backends take only
 /// [`AttentionPrecision::F32`]. Everything else (the linears, the softmax, the norms) is the
-/// same either way.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+/// same either way. Unless [`EmbedderConfig::attention`] names one: f32 at fp32 (parity with
+/// sentence-transformers), int13 at native int8 (the same speed on short texts, half f32's
+/// attention time on long ones, the same bits on every CPU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[non_exhaustive]
 pub enum AttentionPrecision {
-    /// In f32 (default): fp32 keeps its parity with sentence-transformers (1e-5), int8 its
-    /// reference.
-    #[default]
+    /// In f32 (every backend's, and native fp32's default): fp32 keeps its parity with
+    /// sentence-transformers (1e-5).
     F32,
     /// bfloat16 inputs with f32 sums (native only): about half the attention time on long
     /// texts on CPUs with AVX-512 BF16, the same bits on every CPU (emulated, more slowly,
     /// elsewhere), and vectors a little further from sentence-transformers'.
     Bf16,
-    /// 13-bit integer inputs with exact integer sums (native only): the fastest attention
-    /// on long texts on CPUs with AVX-512 VNNI, the same bits on every CPU (portable loops
-    /// elsewhere), and vectors closer to f32 attention's than bf16's.
+    /// 13-bit integer inputs with exact integer sums (native only; native int8's default):
+    /// the fastest attention on long texts on CPUs with AVX-512 VNNI, the same bits on every
+    /// CPU (portable loops elsewhere), and vectors closer to f32 attention's than bf16's.
     Int13,
 }
 
@@ -382,7 +383,8 @@ pub struct EmbedderConfig {
     sessions: Option<usize>,
     batching: Option<BatchOptions>,
     prequantized: bool,
-    attention: AttentionPrecision,
+    /// `None`: the backend's default ([`EmbedderConfig::get_attention`]).
+    attention: Option<AttentionPrecision>,
 }
 
 impl Default for EmbedderConfig {
@@ -400,7 +402,7 @@ impl Default for EmbedderConfig {
             sessions: None,
             batching: None,
             prequantized: false,
-            attention: AttentionPrecision::F32,
+            attention: None,
         }
     }
 }
@@ -495,14 +497,25 @@ impl EmbedderConfig {
         self
     }
 
-    /// native: how attention's two products are computed (default
-    /// [`AttentionPrecision::F32`], which keeps the parity with sentence-transformers; other
-    /// backends refuse the rest with [`Error::InvalidOption`]). [`AttentionPrecision::Bf16`]
-    /// takes about half the attention time on long texts on CPUs with AVX-512 BF16, gives
-    /// the same bits on every CPU (emulated, more slowly, elsewhere) and vectors slightly
-    /// different from f32's. At fp32 and int8 alike.
-    pub fn attention(mut self, attention: AttentionPrecision) -> Self {
-        self.attention = attention;
+    /// native: how attention's two products are computed, at fp32 and int8 alike (`None`,
+    /// the default: [`AttentionPrecision::F32`] at fp32, which keeps the parity with
+    /// sentence-transformers, and [`AttentionPrecision::Int13`] at int8; other backends run
+    /// f32 and refuse the rest with [`Error::InvalidOption`]). int13 takes about half f32's
+    /// attention time on long texts on CPUs with AVX-512 VNNI and the same on short ones;
+    /// [`AttentionPrecision::Bf16`] about half on CPUs with AVX-512 BF16. Both give the same
+    /// bits on every CPU (portable loops, more slowly, elsewhere) and vectors slightly
+    /// different from f32's.
+    ///
+    /// ```
+    /// use ruri::{AttentionPrecision, BackendKind, EmbedderConfig, Precision};
+    ///
+    /// let int8 = EmbedderConfig::new().backend(BackendKind::Native).precision(Precision::Int8);
+    /// assert_eq!(int8.get_attention(), AttentionPrecision::Int13);
+    /// let stated = int8.attention(AttentionPrecision::F32);
+    /// assert_eq!(stated.get_attention(), AttentionPrecision::F32);
+    /// ```
+    pub fn attention(mut self, attention: impl Into<Option<AttentionPrecision>>) -> Self {
+        self.attention = attention.into();
         self
     }
 
@@ -527,9 +540,15 @@ impl EmbedderConfig {
         self.whitespace
     }
 
-    /// How attention's products are computed.
+    /// How attention's products are computed: the one [`attention`](Self::attention) names,
+    /// else the backend's default at the precision (native int8: int13; everything else:
+    /// f32).
     pub fn get_attention(&self) -> AttentionPrecision {
         self.attention
+            .unwrap_or(match (self.backend, self.precision) {
+                (BackendKind::Native, Precision::Int8) => AttentionPrecision::Int13,
+                _ => AttentionPrecision::F32,
+            })
     }
 
     /// Refuses what cannot run, without reading anything: a precision, graph or option the
@@ -563,10 +582,13 @@ impl EmbedderConfig {
                 "ruri's int8 file is read by backend native",
             )?;
         }
-        if self.attention != AttentionPrecision::F32 && self.backend != BackendKind::Native {
+        if let Some(attention) = self.attention
+            && attention != AttentionPrecision::F32
+            && self.backend != BackendKind::Native
+        {
             refuse(
                 "attention",
-                self.attention.to_string(),
+                attention.to_string(),
                 "bf16 and int13 attention are computed by backend native only",
             )?;
         }
@@ -746,7 +768,7 @@ impl EmbedderConfig {
             })
             .whitespace(self.whitespace)
             .prequantized(self.prequantized)
-            .attention(match self.attention {
+            .attention(match self.get_attention() {
                 AttentionPrecision::F32 => ruri_native::AttentionPrecision::F32,
                 AttentionPrecision::Bf16 => ruri_native::AttentionPrecision::Bf16,
                 AttentionPrecision::Int13 => ruri_native::AttentionPrecision::Int13,
@@ -1289,15 +1311,43 @@ mod tests {
         }
     }
 
-    /// f32 attention is every backend's and the default; bf16 is the native engine's, at
-    /// fp32 and int8, and refused before anything is read elsewhere.
+    /// f32 attention is every backend's and fp32's default, int13 native int8's; bf16 is
+    /// the native engine's, at fp32 and int8, and refused before anything is read elsewhere.
     #[test]
     fn bf16_attention_needs_native() {
-        assert_eq!(AttentionPrecision::default(), AttentionPrecision::F32);
-        assert_eq!(
-            EmbedderConfig::new().get_attention(),
-            AttentionPrecision::F32
-        );
+        for (backend, precision, wanted) in [
+            (
+                BackendKind::Native,
+                Precision::Fp32,
+                AttentionPrecision::F32,
+            ),
+            (
+                BackendKind::Native,
+                Precision::Int8,
+                AttentionPrecision::Int13,
+            ),
+            (BackendKind::Ort, Precision::Int8, AttentionPrecision::F32),
+            (BackendKind::Ort, Precision::Fp32, AttentionPrecision::F32),
+            (
+                BackendKind::Candle,
+                Precision::Bf16,
+                AttentionPrecision::F32,
+            ),
+        ] {
+            let config = EmbedderConfig::new().backend(backend).precision(precision);
+            assert_eq!(config.get_attention(), wanted, "{backend} {precision}");
+            // The default is never refused: the backend runs it.
+            assert!(
+                !matches!(
+                    config.validate(),
+                    Err(Error::InvalidOption {
+                        name: "attention",
+                        ..
+                    })
+                ),
+                "{backend} {precision}"
+            );
+        }
         let bf16 = EmbedderConfig::new().attention(AttentionPrecision::Bf16);
         assert_eq!(bf16.get_attention(), AttentionPrecision::Bf16);
         assert_ne!(bf16, EmbedderConfig::new());
@@ -1328,7 +1378,10 @@ mod tests {
             let stated = EmbedderConfig::new()
                 .backend(backend)
                 .attention(AttentionPrecision::F32);
-            assert_eq!(stated, EmbedderConfig::new().backend(backend));
+            assert_eq!(
+                stated.get_attention(),
+                EmbedderConfig::new().backend(backend).get_attention()
+            );
             assert_eq!(
                 stated.validate().is_ok(),
                 backend.is_compiled(),

@@ -51,6 +51,38 @@ fn every_attention_precision_loads_at_fp32_and_int8_and_reaches_the_engine() {
     }
 }
 
+/// Told no attention, the loader runs the engine's default, the same vector as stating it:
+/// int13 at int8, f32 at fp32.
+#[test]
+fn the_default_attention_reaches_the_engine() {
+    for (precision, wanted) in [
+        (Precision::Int8, AttentionPrecision::Int13),
+        (Precision::Fp32, AttentionPrecision::F32),
+    ] {
+        let unstated = EmbedderConfig::new()
+            .backend(BackendKind::Native)
+            .precision(precision)
+            .threads(1);
+        assert_eq!(unstated.get_attention(), wanted, "{precision}");
+        let embedder = unstated.build_from_dir(tiny_model_dir()).unwrap();
+        let native = embedder.backend_as::<NativeBackend>().unwrap();
+        let engine = match wanted {
+            AttentionPrecision::Int13 => ruri::native::AttentionPrecision::Int13,
+            _ => ruri::native::AttentionPrecision::F32,
+        };
+        assert_eq!(native.attention(), engine, "{precision}");
+        let vector = embedder.embed_documents(&[LONG_TEXT]).unwrap().into_vec();
+        let stated = config(precision, wanted)
+            .build_from_dir(tiny_model_dir())
+            .unwrap();
+        assert_eq!(
+            vector,
+            stated.embed_documents(&[LONG_TEXT]).unwrap().into_vec(),
+            "{precision}"
+        );
+    }
+}
+
 /// bf16 and int13 attention round q, k, v and the probabilities: on a long text the vector
 /// differs from f32's, but only slightly.
 #[test]

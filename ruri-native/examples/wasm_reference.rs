@@ -10,9 +10,11 @@
 //! cargo run --release -p ruri-native --example wasm_reference -- MODEL_DIR REFERENCE.json OUT.json [WORKLOAD_DIR]
 //! ```
 //!
-//! OUT.json: `{"kernel", "items": [{"id", "vector"}], "attention": {"int13": [{"id",
-//! "vector"}], "bf16": […]}, "query_ms": {"p50", "p99", "runs"}, "documents_per_s"}` (the
-//! vectors with those attention precisions; the speed only with a workload).
+//! OUT.json: `{"kernel", "attention_default", "items": [{"id", "vector"}], "attention":
+//! {"f32": [{"id", "vector"}], "int13": […], "bf16": […]}, "query_ms": {"p50", "p99",
+//! "runs"}, "documents_per_s"}` (`items`: the builder's default attention, int13 at int8,
+//! named by `attention_default`; then the vectors with each attention precision stated; the
+//! speed only with a workload, at the default).
 
 use std::time::Instant;
 
@@ -35,16 +37,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let items = reference["items"]
         .as_array()
         .ok_or("no items in the reference")?;
-    // ruri-wasm's defaults: int8, the token-embedding table in int8 per row; f32 attention,
-    // then each other attention precision.
-    let build = |attention| {
-        ruri_native::builder()
-            .precision(Precision::Int8)
-            .embedding_table(EmbeddingTable::Int8)
-            .attention(attention)
-            .threads(1)
-            .build_from_dir(model)
-    };
+    // ruri-wasm's defaults: int8, the token-embedding table in int8 per row, the builder's
+    // default attention; then each attention precision stated.
+    let builder = ruri_native::builder()
+        .precision(Precision::Int8)
+        .embedding_table(EmbeddingTable::Int8)
+        .threads(1);
+    let build = |attention| builder.clone().attention(attention).build_from_dir(model);
     let vectors =
         |embedder: &ruri_core::TextEmbedder| -> Result<Vec<Value>, Box<dyn std::error::Error>> {
             let mut vectors = Vec::new();
@@ -62,10 +61,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             Ok(vectors)
         };
-    let embedder = build(AttentionPrecision::F32)?;
+    let embedder = builder.clone().build_from_dir(model)?;
     let kernel = ruri_native::Kernel::from_env()?;
-    let mut report = json!({ "kernel": kernel.name(), "items": vectors(&embedder)? });
+    let default = embedder
+        .backend_as::<ruri_native::NativeBackend>()
+        .ok_or("not the native backend")?
+        .attention();
+    let mut report = json!({
+        "kernel": kernel.name(),
+        "attention_default": default.to_string(),
+        "items": vectors(&embedder)?,
+    });
     for (name, attention) in [
+        ("f32", AttentionPrecision::F32),
         ("int13", AttentionPrecision::Int13),
         ("bf16", AttentionPrecision::Bf16),
     ] {

@@ -32,7 +32,9 @@
 //!   weights) are left out of the int8 product and added in f32 (LLM.int8()'s
 //!   decomposition), so one huge channel does not coarsen the quantization of the row. In
 //!   the layers not fed by a norm (the two `Wo`s), input channels that write (almost) only
-//!   one output channel are a second int8 product with scales of their own.
+//!   one output channel are a second int8 product with scales of their own. Attention's
+//!   two products are exact integer sums too, of 13-bit operands ([int13
+//!   attention](#int13-attention-int8s-default), unless told otherwise).
 //!   `tools/testdata/int8_reference.py` implements the same scheme in NumPy.
 //! * **fp32** ([`Precision::Fp32`]): the same layout with this crate's fp32 GEMM (weights
 //!   packed once at load into 64-column panels; FMA where the CPU has it).
@@ -75,7 +77,10 @@
 //! use ruri_native::{AttentionPrecision, Precision};
 //!
 //! # let folder = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/tiny");
-//! let exact = ruri_native::builder().precision(Precision::Int8).build_from_dir(folder)?;
+//! let exact = ruri_native::builder()
+//!     .precision(Precision::Int8)
+//!     .attention(AttentionPrecision::F32)
+//!     .build_from_dir(folder)?;
 //! let fast = ruri_native::builder()
 //!     .precision(Precision::Int8)
 //!     .attention(AttentionPrecision::Bf16)
@@ -87,9 +92,10 @@
 //! # Ok::<(), ruri_core::Error>(())
 //! ```
 //!
-//! # int13 attention (opt-in)
+//! # int13 attention (int8's default)
 //!
-//! [`AttentionPrecision::Int13`] (`--attention int13` in the front ends) quantizes attention's
+//! [`AttentionPrecision::Int13`] (`--attention int13` in the front ends, and int8's
+//! attention unless told otherwise) quantizes attention's
 //! operands to 13-bit integers (±4,095) and sums their products exactly in integers, as
 //! AVX-512 VNNI's `vpdpwssd` does, 32 multiply-adds an instruction: twice FMA's rate on the
 //! Intel Xeon measured, so the fastest attention on a long text there, and closer to f32
@@ -112,17 +118,26 @@
 //! attention on the tiny model's texts over 128 tokens at int8 (bf16: 0.9999965),
 //! 0.99982 to sentence-transformers fp32 at the 30m shape (bf16 0.99981, f32 0.99983).
 //!
+//! It is int8's default because it changes int8's vectors by less than int8's linears do
+//! (above), keeps every property of int8's (integer sums, one NumPy definition, the same
+//! bits everywhere), runs short texts at f32 attention's speed and a long one in half its
+//! time (BENCHMARKS.md, twenty-fourth step). fp32 keeps f32 attention, and with it its
+//! parity with sentence-transformers; `.attention(AttentionPrecision::F32)` gives int8 the
+//! f32 attention of earlier versions.
+//!
 //! ```
 //! use ruri_native::{AttentionPrecision, Precision};
 //!
 //! # let folder = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/tiny");
-//! let exact = ruri_native::builder().precision(Precision::Int8).build_from_dir(folder)?;
-//! let fast = ruri_native::builder()
+//! let int8 = ruri_native::builder().precision(Precision::Int8).build_from_dir(folder)?;
+//! let engine = int8.backend_as::<ruri_native::NativeBackend>().unwrap();
+//! assert_eq!(engine.attention(), AttentionPrecision::Int13);
+//! let f32_attention = ruri_native::builder()
 //!     .precision(Precision::Int8)
-//!     .attention(AttentionPrecision::Int13)
+//!     .attention(AttentionPrecision::F32)
 //!     .build_from_dir(folder)?;
 //! let text = "瑠璃色は紫みを帯びた濃い青。".repeat(20);
-//! let (a, b) = (exact.embed_query(&text)?, fast.embed_query(&text)?);
+//! let (a, b) = (int8.embed_query(&text)?, f32_attention.embed_query(&text)?);
 //! let cosine: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
 //! assert!(a != b && cosine > 0.9999);
 //! # Ok::<(), ruri_core::Error>(())
@@ -724,12 +739,17 @@ fn by_name<T: Named>(name: &str) -> Result<T> {
 /// How attention's two products (each query against the keys, the probabilities against
 /// the values) are computed. Everything else (the linears, the softmax's arithmetic, the
 /// norms) is the same either way.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+///
+/// The default follows the precision ([`AttentionPrecision::default_for`]): f32 at fp32,
+/// which keeps its parity with sentence-transformers (1e-5), and int13 at int8, whose
+/// linears are already integer products, the same bits on every CPU, and which takes half
+/// f32's time on a long text at the same speed on short ones (BENCHMARKS.md, twenty-fourth
+/// step).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum AttentionPrecision {
-    /// In f32 (default): each product a multiply and an add, in a fixed order. fp32 keeps
-    /// its parity with sentence-transformers (1e-5), int8 its NumPy reference.
-    #[default]
+    /// In f32 (fp32's default): each product a multiply and an add, in a fixed order. fp32
+    /// keeps its parity with sentence-transformers (1e-5).
     F32,
     /// q, k, v and the probabilities rounded to bfloat16 (to nearest even), their products
     /// summed in f32 in pairs, as AVX-512 BF16's `vdpbf16ps` does: about half the time of
@@ -747,8 +767,26 @@ pub enum AttentionPrecision {
     /// attention than [`Bf16`](Self::Bf16) (BENCHMARKS.md, twenty-first step). The sums are
     /// exact integers, so the bits are the same on every CPU and in any order of the sums;
     /// CPUs without the instruction run portable loops. Every text takes it, short or long.
-    /// See the crate's documentation for the exact definition.
+    /// int8's default. See the crate's documentation for the exact definition.
     Int13,
+}
+
+impl AttentionPrecision {
+    /// The attention a builder that is not told one runs at `precision`: [`F32`](Self::F32)
+    /// at fp32, [`Int13`](Self::Int13) at int8.
+    ///
+    /// ```
+    /// use ruri_native::{AttentionPrecision, Precision};
+    ///
+    /// assert_eq!(AttentionPrecision::default_for(Precision::Fp32), AttentionPrecision::F32);
+    /// assert_eq!(AttentionPrecision::default_for(Precision::Int8), AttentionPrecision::Int13);
+    /// ```
+    pub const fn default_for(precision: Precision) -> Self {
+        match precision {
+            Precision::Fp32 => AttentionPrecision::F32,
+            Precision::Int8 => AttentionPrecision::Int13,
+        }
+    }
 }
 
 impl Named for AttentionPrecision {
@@ -844,7 +882,8 @@ pub struct NativeBuilder {
     /// `None`: [`EmbeddingTable::F32`], or what ruri's int8 file holds.
     table: Option<EmbeddingTable>,
     prequantized: bool,
-    attention: AttentionPrecision,
+    /// `None`: [`AttentionPrecision::default_for`] the precision.
+    attention: Option<AttentionPrecision>,
 }
 
 impl NativeBuilder {
@@ -860,10 +899,10 @@ impl NativeBuilder {
         self
     }
 
-    /// How attention's products are computed (default [`AttentionPrecision::F32`]), at
-    /// either precision.
+    /// How attention's products are computed, at either precision (default
+    /// [`AttentionPrecision::default_for`] the precision: f32 at fp32, int13 at int8).
     pub fn attention(mut self, attention: AttentionPrecision) -> Self {
-        self.attention = attention;
+        self.attention = Some(attention);
         self
     }
 
@@ -1097,7 +1136,9 @@ impl NativeBackend {
             kernel,
             outliers: builder.outliers.unwrap_or(true),
             table: builder.table.unwrap_or_default(),
-            attention: builder.attention,
+            attention: builder
+                .attention
+                .unwrap_or(AttentionPrecision::default_for(builder.precision)),
         };
         Ok((options, threads))
     }

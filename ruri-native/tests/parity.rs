@@ -229,6 +229,34 @@ fn int8_matches_the_numpy_reference() {
     assert!(raw.max_abs_diff <= 1e-5, "{raw:?}");
 }
 
+/// A builder told no attention runs int13 at int8 (its NumPy reference, bit for bit within
+/// the same bound) and f32 at fp32 (sentence-transformers' parity).
+#[test]
+fn the_default_attention_is_int13_at_int8_and_f32_at_fp32() {
+    let reference = Reference::tiny();
+    let build = |precision| {
+        ruri_native::builder()
+            .precision(precision)
+            .threads(1)
+            .batching(one_batch())
+            .build_from_dir(tiny_model_dir())
+            .unwrap()
+    };
+    let int8 = build(Precision::Int8);
+    let (raw, normalized) = against_numpy(&int8, &reference.items, "tiny_native_int8_int13.json");
+    println!("int8, default attention, vs NumPy int13: raw {raw:?}; normalized {normalized:?}");
+    assert!(normalized.max_abs_diff <= 1e-5, "{normalized:?}");
+    assert!(raw.max_abs_diff <= 1e-5, "{raw:?}");
+    let fp32 = build(Precision::Fp32);
+    let stated = embedder(Precision::Fp32, None, 1);
+    let long: Vec<&str> = reference.items.iter().map(|i| i.text.as_str()).collect();
+    assert_eq!(
+        fp32.embed_documents(&long).unwrap().to_vecs(),
+        stated.embed_documents(&long).unwrap().to_vecs(),
+        "fp32's default attention is f32"
+    );
+}
+
 /// The quantized attentions against `int8_reference.py --attention bf16` and `--attention
 /// int13`, which write their definitions in NumPy (`tiny_native_int8_bf16.json`,
 /// `tiny_native_int8_int13.json`), raw and normalized, with the default kernel and with each
@@ -432,7 +460,7 @@ fn from_bytes_gives_the_bits_of_from_dir() {
     )
     .unwrap();
     let reference = Reference::tiny();
-    let expected = alone(&embedder(Precision::Int8, None, 1), &reference.items);
+    let expected = alone(&builder.build_from_dir(&dir).unwrap(), &reference.items);
     assert_eq!(alone(&e, &reference.items), expected);
 }
 

@@ -208,9 +208,9 @@ impl Engine {
     /// Loads `model` (a folder, or a Hub model id with the `hub` feature) on `backend`
     /// ("native", "ort" or "candle") at `precision`, attention's products in `attention`
     /// ("f32", or "bf16" or "int13" on native; the names `AttentionPrecision::from_str`
-    /// takes).
+    /// takes; `None`: the loader's default, int13 at native int8, else f32).
     #[new]
-    #[pyo3(signature = (model, backend, precision, whitespace, runtime_path=None, intra_threads=None, sessions=None, max_batch_tokens=None, revision=None, cache_folder=None, token=None, local_files_only=false, prequantized=false, attention="f32"))]
+    #[pyo3(signature = (model, backend, precision, whitespace, runtime_path=None, intra_threads=None, sessions=None, max_batch_tokens=None, revision=None, cache_folder=None, token=None, local_files_only=false, prequantized=false, attention=None))]
     #[allow(
         clippy::too_many_arguments,
         reason = "a Python signature of keyword arguments"
@@ -230,10 +230,12 @@ impl Engine {
         token: Option<String>,
         local_files_only: bool,
         prequantized: bool,
-        attention: &str,
+        attention: Option<&str>,
     ) -> PyResult<Self> {
-        let attention: AttentionPrecision =
-            attention.parse().map_err(|e| to_py(py, e, Phase::Load))?;
+        let attention: Option<AttentionPrecision> = attention
+            .map(str::parse)
+            .transpose()
+            .map_err(|e| to_py(py, e, Phase::Load))?;
         let config = engine_config(
             backend,
             precision,
@@ -265,7 +267,7 @@ impl Engine {
                 Whitespace::Strip => "strip",
                 _ => "keep",
             },
-            attention,
+            attention: config.get_attention(),
         })
     }
 

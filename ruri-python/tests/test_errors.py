@@ -150,8 +150,13 @@ def test_bf16_and_int13_attention_load_on_native_only():
             assert vector.shape == (model.get_sentence_embedding_dimension(),)
             assert np.isfinite(vector).all()
             assert f"attention='{attention}'" in repr(model)
-    assert ruri.Embedder(TINY, backend="native").attention == "f32"
-    assert "attention" not in repr(ruri.Embedder(TINY, backend="native"))
+    # Unnamed: int13 at int8 (the package's default precision), f32 at fp32 and elsewhere.
+    default = ruri.Embedder(TINY, backend="native")
+    assert (default.precision, default.attention) == ("int8", "int13")
+    assert "attention='int13'" in repr(default)
+    assert ruri.Embedder(TINY, backend="native", precision="fp32").attention == "f32"
+    assert ruri.Embedder(TINY, backend="native", attention="f32").attention == "f32"
+    assert ruri.Embedder(TINY, backend="ort", attention=None).attention == "f32"
     assert ruri.Embedder(TINY, backend="native", attention="bfloat16").attention == "bf16"
     with pytest.raises(ruri.InputError, match=r"invalid option attention = bf16"):
         ruri.Embedder(TINY, backend="ort", attention="bf16")
@@ -159,8 +164,8 @@ def test_bf16_and_int13_attention_load_on_native_only():
         ruri.Embedder(TINY, backend="ort", attention="int13")
     with pytest.raises(ruri.InputError, match=r"attention = int8: .*known: f32, bf16, int13"):
         ruri.Embedder(TINY, attention="int8")
-    with pytest.raises(ruri.InputTypeError, match="attention must be a str"):
-        ruri.Embedder(TINY, attention=None)
+    with pytest.raises(ruri.InputTypeError, match="attention must be a str or None"):
+        ruri.Embedder(TINY, attention=13)
 
 
 def test_an_onnx_only_folder_needs_backend_ort_and_the_error_says_so(tmp_path):

@@ -138,9 +138,10 @@ pub struct ModelArgs {
     /// Attention's two products in f32, in bfloat16 with f32 sums, or in 13-bit integers with
     /// exact sums (bf16 and int13: backend native, fp32 or int8): about half the attention
     /// time on long texts, bf16 on CPUs with AVX-512 BF16, int13 on CPUs with AVX-512 VNNI;
-    /// the same vectors on every CPU, a little further from sentence-transformers'.
-    #[arg(long, env = "RURI_ATTENTION", value_enum, default_value_t = AttentionPrecision::F32)]
-    pub attention: AttentionPrecision,
+    /// the same vectors on every CPU, a little further from sentence-transformers'. Default:
+    /// int13 at native int8, else f32.
+    #[arg(long, env = "RURI_ATTENTION", value_enum)]
+    pub attention: Option<AttentionPrecision>,
 }
 
 impl Args {
@@ -276,7 +277,7 @@ pub fn run(args: Args) -> Result<(), String> {
             args.model.model.display(),
             args.model.backend,
             args.model.precision,
-            args.model.attention
+            args.embedder_config().get_attention()
         );
         let (router, worker) = crate::start(config, move || {
             args.embedder_config()
@@ -408,8 +409,9 @@ mod tests {
     }
 
     /// `--attention` reaches the loader's configuration (`RURI_ATTENTION`: in
-    /// tests/front_ends.rs, which owns the environment); f32 by default, an unknown name
-    /// refused by clap, bf16 and int13 accepted at both of native's precisions.
+    /// tests/front_ends.rs, which owns the environment); unset by default (the loader's
+    /// default: f32 at fp32, int13 at native int8), an unknown name refused by clap, bf16 and
+    /// int13 accepted at both of native's precisions.
     #[test]
     fn attention_is_parsed_and_reaches_the_config() {
         let parse = |flags: &[&str]| {
@@ -418,19 +420,33 @@ mod tests {
             Args::try_parse_from(all)
         };
         let args = parse(&[]).unwrap();
-        assert_eq!(args.model.attention, AttentionPrecision::F32);
+        assert_eq!(args.model.attention, None);
         assert_eq!(
             args.embedder_config().get_attention(),
             AttentionPrecision::F32
         );
+        for (precision, wanted) in [
+            ("fp32", AttentionPrecision::F32),
+            ("int8", AttentionPrecision::Int13),
+        ] {
+            let flags = ["--backend", "native", "--precision", precision];
+            let args = parse(&flags).unwrap();
+            assert_eq!(
+                args.embedder_config().get_attention(),
+                wanted,
+                "{precision}"
+            );
+        }
         for (flag, wanted) in [
             ("f32", AttentionPrecision::F32),
             ("bf16", AttentionPrecision::Bf16),
             ("int13", AttentionPrecision::Int13),
         ] {
-            let args = parse(&["--attention", flag]).unwrap();
-            assert_eq!(args.model.attention, wanted, "{flag}");
-            assert_eq!(args.embedder_config().get_attention(), wanted, "{flag}");
+            for precision in ["fp32", "int8"] {
+                let args = parse(&["--precision", precision, "--attention", flag]).unwrap();
+                assert_eq!(args.model.attention, Some(wanted), "{flag}");
+                assert_eq!(args.embedder_config().get_attention(), wanted, "{flag}");
+            }
         }
         let error = parse(&["--attention", "int8"]).unwrap_err();
         assert_eq!(error.kind(), clap::error::ErrorKind::InvalidValue);

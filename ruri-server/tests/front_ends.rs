@@ -324,7 +324,7 @@ fn every_front_end_reaches_the_same_config_and_the_same_refusal() {
         .embedder_config();
         let python = EmbedderConfig::from_names(backend, precision, "keep")
             .unwrap()
-            .attention(attention.parse().unwrap());
+            .attention(attention.parse::<AttentionPrecision>().unwrap());
         assert_eq!(python.get_attention(), wanted);
         let mut messages = Vec::new();
         for config in [&example, &flags, &env] {
@@ -344,9 +344,13 @@ fn every_front_end_reaches_the_same_config_and_the_same_refusal() {
             }
         }
         assert!(messages.windows(2).all(|pair| pair[0] == pair[1]));
-        // Without the flag the config is f32's.
+        // Without the flag the config is the default's: int13 at native int8, else f32.
         let plain = server_from_flags(&argv[..argv.len() - 2]).embedder_config();
-        assert_eq!(plain.get_attention(), AttentionPrecision::F32);
+        let default = match (backend, precision) {
+            ("native", "int8") => AttentionPrecision::Int13,
+            _ => AttentionPrecision::F32,
+        };
+        assert_eq!(plain.get_attention(), default, "{backend} {precision}");
         assert_ne!(plain, python, "{backend} {precision}");
     }
     set_ruri_env(&[]);

@@ -40,6 +40,7 @@ use wasm_bindgen::prelude::*;
 pub struct Embedder {
     inner: TextEmbedder,
     kernel: Option<Kernel>,
+    attention: AttentionPrecision,
 }
 
 #[wasm_bindgen]
@@ -52,9 +53,10 @@ impl Embedder {
     /// `"fp32"`; default int8), `embeddingTable` (`"int8"`: each row of the token-embedding
     /// table quantized at load, 8-bit per row, dequantized per token; `"f32"`: held as the
     /// checkpoint's values, 4× the memory; default int8), `attention` (how attention's two
-    /// products are computed: `"f32"`, the default; `"int13"`, 13-bit integers with exact
-    /// sums, faster on long texts with simd128's `i32x4.dot_i16x8_s`; `"bf16"`; the same bits
-    /// as the x86 engine's with the same option, ruri-native's `AttentionPrecision`),
+    /// products are computed: `"int13"`, 13-bit integers with exact sums, int8's default,
+    /// 0.29× f32's time on a long text with simd128's `i32x4.dot_i16x8_s` and as fast on
+    /// short ones; `"f32"`, fp32's default; `"bf16"`; the same bits as the x86 engine's with
+    /// the same attention, ruri-native's `AttentionPrecision`),
     /// `maxLength` (tokens, special ones
     /// included; default the model's `max_position_embeddings`, as sentence-transformers'
     /// 8192 for Ruri v3). The bytes are read a slice at a time, as [`EmbedderLoader`]
@@ -142,6 +144,13 @@ impl Embedder {
     pub fn kernel(&self) -> Option<String> {
         self.kernel.map(|k| k.name().to_owned())
     }
+
+    /// How attention's products are computed: `"f32"`, `"bf16"` or `"int13"` (the
+    /// `attention` option, else int8's `"int13"` or fp32's `"f32"`).
+    #[wasm_bindgen(getter)]
+    pub fn attention(&self) -> String {
+        self.attention.to_string()
+    }
 }
 
 /// An [`Embedder`] made from `model.safetensors` (or ruri's int8 file) fed in order, in
@@ -173,8 +182,10 @@ impl EmbedderLoader {
         let mut builder = NativeBuilder::default()
             .precision(options.precision)
             .embedding_table(options.table)
-            .attention(options.attention)
             .threads(1);
+        if let Some(attention) = options.attention {
+            builder = builder.attention(attention);
+        }
         if let Some(kernel) = options.kernel {
             builder = builder.kernel(kernel);
         }
@@ -244,7 +255,7 @@ impl EmbedderLoader {
     pub fn finish(&mut self) -> Result<Embedder, JsValue> {
         let (loader, tokenizer) = self.loader.take().ok_or_else(|| to_js(finished()))?;
         let backend = loader.finish().map_err(to_js)?;
-        let kernel = backend.kernel();
+        let (kernel, attention) = (backend.kernel(), backend.attention());
         if backend_dim(&backend) != self.hidden {
             return Err(to_js(Error::InvalidConfig {
                 path: "config.json".into(),
@@ -257,7 +268,11 @@ impl EmbedderLoader {
         }
         let inner =
             TextEmbedder::new(tokenizer, Prompts::default(), backend, None).map_err(to_js)?;
-        Ok(Embedder { inner, kernel })
+        Ok(Embedder {
+            inner,
+            kernel,
+            attention,
+        })
     }
 }
 
@@ -289,9 +304,7 @@ pub fn quantize(
             builder = builder.outlier_channels(enabled);
         }
     }
-    builder
-        .int8_file_bytes(config_json, weights)
-        .map_err(to_js)
+    builder.int8_file_bytes(config_json, weights).map_err(to_js)
 }
 
 fn finished() -> Error {
@@ -394,7 +407,8 @@ struct Options {
     kernel: Option<Kernel>,
     precision: Precision,
     table: EmbeddingTable,
-    attention: AttentionPrecision,
+    /// `None`: ruri-native's default (int13 at int8, f32 at fp32).
+    attention: Option<AttentionPrecision>,
     max_length: Option<usize>,
 }
 
@@ -405,7 +419,7 @@ impl Options {
             precision: Precision::Int8,
             // 26 MB instead of 105 for Ruri v3, and nothing to read rows from.
             table: EmbeddingTable::Int8,
-            attention: AttentionPrecision::F32,
+            attention: None,
             max_length: None,
         };
         let Some(object) = object else {
@@ -418,9 +432,7 @@ impl Options {
         if let Some(table) = parsed(object, "embeddingTable")? {
             options.table = table;
         }
-        if let Some(attention) = parsed(object, "attention")? {
-            options.attention = attention;
-        }
+        options.attention = parsed(object, "attention")?;
         let value = get(object, "maxLength");
         if !value.is_undefined() {
             let max = value

@@ -51,7 +51,7 @@ const before = memory();
 const t0 = performance.now();
 ruri = createRequire(import.meta.url)(join(pkg, "ruri_wasm.js")); // compiles + instantiates
 const t1 = performance.now();
-// RURI_WASM_ATTENTION: the `attention` option (f32 when unset, ruri-wasm's default).
+// RURI_WASM_ATTENTION: the `attention` option (when unset, ruri-wasm's default: int13 at int8).
 const attention = process.env.RURI_WASM_ATTENTION;
 const loader = new ruri.EmbedderLoader(config, tokenizer, attention ? { attention } : undefined);
 const tTokenizer = performance.now();
@@ -98,7 +98,7 @@ const at = (p) => times[Math.round((times.length - 1) * p)];
 
 const wasmBytes = readFileSync(join(pkg, "ruri_wasm_bg.wasm"));
 const report = {
-  attention: attention ?? "f32",
+  attention: embedder.attention,
   weights_file: weightsPath,
   weights_bytes: statSync(weightsPath).size,
   wasm_bytes: wasmBytes.length,

@@ -32,9 +32,15 @@ function alone(e, item) {
   return e.embed([item.text], item.prompt_name)[0];
 }
 
-test("the default kernel is simd128, and the vectors are 256 wide", () => {
+test("the default kernel is simd128, the default attention int8's int13, and the vectors are 256 wide", () => {
   assert.equal(embedder.kernel, "simd128");
+  assert.equal(embedder.attention, "int13");
+  assert.equal(x86Report.attention_default, "int13");
   assert.equal(embedder.dim, reference.dim);
+  const fp32 = new ruri.Embedder(files.config, files.tokenizer, files.weights, { maxLength, precision: "fp32" });
+  assert.equal(fp32.attention, "f32");
+  assert.equal(fp32.kernel, undefined);
+  fp32.free();
 });
 
 test("every vector equals the native x86 int8 engine's", () => {
@@ -108,10 +114,11 @@ test("embeddingTable: f32 moves the vectors, within the int8 bound", () => {
   f32.free();
 });
 
-// int13 and bf16 attention (ruri-native's AttentionPrecision): exact integer sums, or plain
-// f32 steps in a fixed order, so the x86 engine's bits with the same option, from
-// simd128's int13 tiles and from the portable loops (the scalar kernel runs those).
-for (const attention of ["int13", "bf16"]) {
+// Each attention precision stated (ruri-native's AttentionPrecision): exact integer sums, or
+// plain f32 steps in a fixed order, so the x86 engine's bits with the same option, from
+// simd128's tiles and from the portable loops (the scalar kernel runs those). int13, the
+// default, gives the default's bits; f32 and bf16 move some vector.
+for (const attention of ["f32", "int13", "bf16"]) {
   test(`attention ${attention}: every vector equals the x86 engine's with the same option`, () => {
     const want = byId(x86Report.attention[attention]);
     const e = new ruri.Embedder(files.config, files.tokenizer, files.weights, { maxLength, attention });
@@ -126,8 +133,11 @@ for (const attention of ["int13", "bf16"]) {
     for (const item of reference.items.slice(0, 6)) {
       assert.deepStrictEqual(Array.from(alone(scalar, item)), Array.from(alone(e, item)), `scalar: ${item.id}`);
     }
-    // Another arithmetic than f32 attention: some vector moves.
-    assert.ok(moved > 0, `${attention} gave f32 attention's bits`);
+    if (attention === embedder.attention) {
+      assert.equal(moved, 0, `${attention} stated moved the default's vectors`);
+    } else {
+      assert.ok(moved > 0, `${attention} gave the default (${embedder.attention}) attention's bits`);
+    }
     e.free();
     scalar.free();
   });

@@ -123,12 +123,14 @@ class Embedder:
         prequantized: native at int8 only: read ruri's int8 file,
             ``model.ruri-int8.safetensors`` (written by ``ruri quantize MODEL_DIR``), instead
             of quantizing ``model.safetensors`` at load: the same vectors, a faster load.
-        attention: How attention's two products are computed: ``"f32"`` (default),
-            ``"bf16"`` (native only, at either precision): bfloat16 with float32 sums, about
-            half the attention time on long texts on CPUs with AVX-512 BF16, or ``"int13"``
-            (native only): 13-bit integers with exact sums, the fastest on long texts on CPUs
-            with AVX-512 VNNI and closer to ``"f32"`` than ``"bf16"``; either gives the same
-            vectors on every CPU, a little further from sentence-transformers'.
+        attention: How attention's two products are computed: ``"f32"``, ``"bf16"`` (native
+            only, at either precision): bfloat16 with float32 sums, about half the attention
+            time on long texts on CPUs with AVX-512 BF16, or ``"int13"`` (native only): 13-bit
+            integers with exact sums, the same speed as ``"f32"`` on short texts and half its
+            attention time on long ones on CPUs with AVX-512 VNNI, closer to ``"f32"`` than
+            ``"bf16"``; either gives the same vectors on every CPU, a little further from
+            sentence-transformers'. Default (``None``): ``"int13"`` on native at int8 (the
+            default backend and precision), else ``"f32"``.
 
     Raises:
         ModelLoadError: The folder is missing or unusable; the Hub id is unknown, not cached
@@ -160,19 +162,18 @@ class Embedder:
         sessions: Optional[int] = None,
         max_batch_tokens: Optional[int] = None,
         prequantized: bool = False,
-        attention: str = "f32",
+        attention: Optional[str] = None,
     ) -> None:
         if not isinstance(model, (str, os.PathLike)):
             raise InputTypeError(
                 f"model must be a folder path or a Hub id, got {type(model).__name__}")
         if backend is None:
             backend = _ruri.DEFAULT_BACKEND
-        for name, value in (("backend", backend), ("whitespace", whitespace),
-                            ("attention", attention)):
+        for name, value in (("backend", backend), ("whitespace", whitespace)):
             if not isinstance(value, str):
                 raise InputTypeError(f"{name} must be a str, got {type(value).__name__}")
         for name, value in (("precision", precision), ("revision", revision),
-                            ("token", token)):
+                            ("token", token), ("attention", attention)):
             _check_optional_str(name, value)
         if device is not None and device != "cpu":
             raise UnsupportedArgumentError(
@@ -436,10 +437,9 @@ class Embedder:
         return self._engine.token_counts(texts, prompt=prompt)
 
     def __repr__(self) -> str:
-        # The attention only when it is not the default, as the constructor takes it.
-        attention = "" if self.attention == "f32" else f", attention={self.attention!r}"
         return (f"ruri.Embedder({self.model_path!r}, backend={self.backend!r}, "
-                f"precision={self.precision!r}, whitespace={self.whitespace!r}{attention}, "
+                f"precision={self.precision!r}, whitespace={self.whitespace!r}, "
+                f"attention={self.attention!r}, "
                 f"dim={self._engine.dim}, max_seq_length={self.max_seq_length})")
 
     @staticmethod

@@ -29,7 +29,7 @@ class Engine:
         token: Optional[str] = None,
         local_files_only: bool = False,
         prequantized: bool = False,
-        attention: str = "f32",
+        attention: Optional[str] = None,
     ) -> None: ...
     def embed(
         self,
