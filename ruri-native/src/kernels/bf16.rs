@@ -1671,8 +1671,8 @@ pub(crate) mod tests {
         }
 
         /// int13's softmax on every variant this CPU runs (the AVX-512 tiles do its whole
-        /// blocks and, since they became int8's default, its masked ones: a short text's
-        /// only block, a window's edges) gives the portable loops' bits: weights and
+        /// blocks and its masked ones: a short text's only block, a window's edges) gives
+        /// the portable loops' bits: weights and
         /// `1 / total`, with scores that include infinities and NaNs outside and inside the
         /// own keys, the maxes given or not.
         #[test]
