@@ -767,12 +767,16 @@ impl EmbedderConfig {
                 }
             })
             .whitespace(self.whitespace)
-            .prequantized(self.prequantized)
-            .attention(match self.get_attention() {
+            .prequantized(self.prequantized);
+        // Unnamed, the engine's own default runs (`AttentionPrecision::default_for`), which
+        // `get_attention` states for callers; tests/attention.rs checks that they agree.
+        if let Some(attention) = self.attention {
+            builder = builder.attention(match attention {
                 AttentionPrecision::F32 => ruri_native::AttentionPrecision::F32,
                 AttentionPrecision::Bf16 => ruri_native::AttentionPrecision::Bf16,
                 AttentionPrecision::Int13 => ruri_native::AttentionPrecision::Int13,
             });
+        }
         if let Some(threads) = self.threads {
             builder = builder.threads(threads);
         }

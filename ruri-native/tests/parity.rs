@@ -252,10 +252,10 @@ fn the_default_attention_is_int13_at_int8_and_f32_at_fp32() {
     assert!(raw.max_abs_diff <= 1e-5, "{raw:?}");
     let fp32 = build(Precision::Fp32);
     let stated = embedder(Precision::Fp32, None, 1);
-    let long: Vec<&str> = reference.items.iter().map(|i| i.text.as_str()).collect();
+    let texts: Vec<&str> = reference.items.iter().map(|i| i.text.as_str()).collect();
     assert_eq!(
-        fp32.embed_documents(&long).unwrap().to_vecs(),
-        stated.embed_documents(&long).unwrap().to_vecs(),
+        fp32.embed_documents(&texts).unwrap().to_vecs(),
+        stated.embed_documents(&texts).unwrap().to_vecs(),
         "fp32's default attention is f32"
     );
 }
