@@ -73,6 +73,18 @@ impl<T: Copy + Default> Aligned<T> {
         }
     }
 
+    /// `len` values, whatever they held (`T::default()` where the buffer grows): for a
+    /// caller that writes each value before it reads it, and so needs no fill.
+    pub(crate) fn resize_for_overwrite(&mut self, len: usize) {
+        if self.start + len > self.buf.len() {
+            let mut grown = Self::zeroed(len.max(2 * self.len));
+            grown.len = len;
+            *self = grown;
+        } else {
+            self.len = len;
+        }
+    }
+
     /// No values (the allocation kept).
     pub(crate) fn clear(&mut self) {
         self.len = 0;

@@ -1198,6 +1198,17 @@ fn softmax_int13_body(
         let _ = products;
         false
     };
+    // A text within the window (every row's own keys the first `len`, its max given): the
+    // rows in one AVX-512 pass.
+    #[cfg(target_arch = "x86_64")]
+    if let (true, Some(maxes), Some(&(0, len))) = (tiles, maxes, own.first())
+        && own.iter().all(|&o| o == (0, len))
+        && len <= width
+    {
+        let c = scale * std::f32::consts::LOG2_E;
+        let rows = own.len();
+        return super::x86_int13::softmax_whole(s, width, rows, len, (c, maxes), p, inv);
+    }
     softmax_rows::<true>(tiles, s, width, own, scale, maxes, p, inv)
 }
 
@@ -1711,6 +1722,43 @@ pub(crate) mod tests {
                 for products in super::super::int13::Products::all() {
                     prop_assert_eq!(&run(products, given), &portable, "{:?}", products);
                 }
+            }
+        }
+
+        /// A text within the window (every row's own keys the first `len`, the maxes given,
+        /// as int13's attention asks), on up to 40 rows (past one group of 16 totals): the
+        /// AVX-512 pass gives the portable rows' weights and inverses, bit for bit, with
+        /// infinities and NaNs among the keys and none.
+        #[test]
+        fn int13_softmax_of_whole_texts_is_the_portable_one(
+            blocks in 1usize..5,
+            len in 0usize..80,
+            rows in 1usize..41,
+            seed in any::<u64>(),
+            spread in prop_oneof![Just(1.0f32), Just(60.0f32)],
+            odd in prop_oneof![Just(None), Just(Some(f32::NAN)), Just(Some(f32::INFINITY)), Just(Some(f32::NEG_INFINITY))],
+            at in any::<usize>(),
+        ) {
+            let width = blocks * 16;
+            let len = len.min(width);
+            let mut s = values(seed, rows * width, spread);
+            if let Some(x) = odd {
+                let at = at % s.len();
+                s[at] = x;
+            }
+            let own = vec![(0, len); rows];
+            let maxes: Vec<f32> = s
+                .chunks_exact(width)
+                .map(|row| row[..len].iter().fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m }))
+                .collect();
+            let run = |products| {
+                let (mut p, mut inv) = (vec![7u16; rows * width], vec![0.0f32; rows]);
+                softmax_int13(products, &s, width, &own, 0.125, Some(&maxes), &mut p, &mut inv);
+                (p, inv.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
+            };
+            let portable = run(super::super::int13::Products::Portable);
+            for products in super::super::int13::Products::all() {
+                prop_assert_eq!(&run(products), &portable, "{:?}", products);
             }
         }
 

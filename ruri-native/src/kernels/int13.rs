@@ -69,7 +69,7 @@ fn quantizer(m: f32) -> (f32, f32) {
 /// divisions are computed for every lane and the results selected (a vector division: one
 /// row's two scalar divisions were a tenth of a short text's attention).
 #[inline(always)]
-fn quantizers(t: &mut [f32], scales: &mut [f32]) {
+pub(super) fn quantizers(t: &mut [f32], scales: &mut [f32]) {
     for (t, s) in t.iter_mut().zip(scales) {
         let m = *t;
         // m ≥ 0 or NaN: a largest magnitude.
@@ -87,7 +87,7 @@ fn quantizers(t: &mut [f32], scales: &mut [f32]) {
 /// above infinity's, so the largest bits are the largest magnitude, or a NaN where one is
 /// (in any order, in integer maxes that vectorize).
 #[inline(always)]
-fn abs_bits(x: f32) -> u32 {
+pub(super) fn abs_bits(x: f32) -> u32 {
     x.to_bits() & 0x7fff_ffff
 }
 
@@ -157,27 +157,78 @@ pub(crate) fn unpair(x: u32) -> (i32, i32) {
     )
 }
 
-multiversion! {
-    /// Queries packed: `out[r · d/2 + c] = pair(q[r][2c], q[r][2c + 1])` quantized, for
-    /// `rows` rows of `d` (even) at a stride of `stride`, and `scales[r]` each row's scale.
-    fn pack_queries / pack_queries_body(q: &[f32], stride: usize, rows: usize, d: usize, out: &mut Vec<u32>, scales: &mut Vec<f32>)
+/// Queries packed: `out[r · d/2 + c] = pair(q[r][2c], q[r][2c + 1])` quantized, for
+/// `rows` rows of `d` (even) at a stride of `stride`, and `scales[r]` each row's scale.
+/// On AVX-512 (`d` a multiple of 32) in vectors of 16 pairs, with the same bits.
+pub(crate) fn pack_queries(
+    q: &[f32],
+    stride: usize,
+    rows: usize,
+    d: usize,
+    out: &mut Vec<u32>,
+    scales: &mut Vec<f32>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if d.is_multiple_of(2 * LANES) && super::x86_int13::packers_available() {
+        return super::x86_int13::pack_queries(q, stride, rows, d, out, scales);
+    }
+    pack_queries_portable(q, stride, rows, d, out, scales);
+}
+
+/// Keys packed group by group (the layout of `super::bf16::pack_keys`):
+/// `out[(g · d/2 + c) · 16 + i] = pair(k[16g + i][2c], k[16g + i][2c + 1])` quantized, for
+/// the `len` rows of `k` (row `j` is `d` values at `j · stride`, `d` even), 0 past the last
+/// key; `scales[j]` each key's scale (0 past the last). Both are resized to whole groups.
+/// On AVX-512 (`d` a multiple of 32) each key's pairs are made in vectors and 16 keys'
+/// transposed into their lanes in registers, with the same bits.
+pub(crate) fn pack_keys(
+    k: &[f32],
+    stride: usize,
+    len: usize,
+    d: usize,
+    out: &mut Aligned<u32>,
+    scales: &mut Aligned<f32>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if d.is_multiple_of(2 * LANES) && super::x86_int13::packers_available() {
+        return super::x86_int13::pack_keys(k, stride, len, d, out, scales);
+    }
+    pack_keys_portable(k, stride, len, d, out, scales);
+}
+
+/// Values packed by pairs of keys (the layout of `super::bf16::pack_values`):
+/// `out[p · d + c] = pair(v[2p][c], v[2p + 1][c])` quantized per channel over the `len`
+/// keys, a zero for the key past the last of an odd `len`; `scales[c]` each channel's
+/// scale with the weights' `1 / L` (see the module's definition). On AVX-512 (`d` a
+/// multiple of 16) in vectors of 16 channels, with the same bits.
+pub(crate) fn pack_values(
+    v: &[f32],
+    stride: usize,
+    len: usize,
+    d: usize,
+    out: &mut Aligned<u32>,
+    scales: &mut Vec<f32>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if d.is_multiple_of(LANES) && super::x86_int13::packers_available() {
+        return super::x86_int13::pack_values(v, stride, len, d, out, scales);
+    }
+    pack_values_portable(v, stride, len, d, out, scales);
 }
 
 multiversion! {
-    /// Keys packed group by group (the layout of `super::bf16::pack_keys`):
-    /// `out[(g · d/2 + c) · 16 + i] = pair(k[16g + i][2c], k[16g + i][2c + 1])` quantized,
-    /// for the `len` rows of `k` (row `j` is `d` values at `j · stride`, `d` even), 0 past
-    /// the last key; `scales[j]` each key's scale (0 past the last). Both are resized to
-    /// whole groups.
-    fn pack_keys / pack_keys_body(k: &[f32], stride: usize, len: usize, d: usize, out: &mut Aligned<u32>, scales: &mut Aligned<f32>)
+    /// [`pack_queries`] in portable loops.
+    fn pack_queries_portable / pack_queries_body(q: &[f32], stride: usize, rows: usize, d: usize, out: &mut Vec<u32>, scales: &mut Vec<f32>)
 }
 
 multiversion! {
-    /// Values packed by pairs of keys (the layout of `super::bf16::pack_values`):
-    /// `out[p · d + c] = pair(v[2p][c], v[2p + 1][c])` quantized per channel over the `len`
-    /// keys, a zero for the key past the last of an odd `len`; `scales[c]` each channel's
-    /// scale with the weights' `1 / L` (see the module's definition).
-    fn pack_values / pack_values_body(v: &[f32], stride: usize, len: usize, d: usize, out: &mut Aligned<u32>, scales: &mut Vec<f32>)
+    /// [`pack_keys`] in portable loops.
+    fn pack_keys_portable / pack_keys_body(k: &[f32], stride: usize, len: usize, d: usize, out: &mut Aligned<u32>, scales: &mut Aligned<f32>)
+}
+
+multiversion! {
+    /// [`pack_values`] in portable loops.
+    fn pack_values_portable / pack_values_body(v: &[f32], stride: usize, len: usize, d: usize, out: &mut Aligned<u32>, scales: &mut Vec<f32>)
 }
 
 /// The quantizers of rows `first..first + n` (`n` ≤ [`LANES`]) of `x` (rows of `d` at
@@ -185,7 +236,7 @@ multiversion! {
 /// both 0). The rows are read once here (their prefetches asked for), so that their
 /// quantization after finds them in the first-level cache.
 #[inline(always)]
-fn group_quantizers(
+pub(super) fn group_quantizers(
     x: &[f32],
     stride: usize,
     (first, n): (usize, usize),
@@ -941,6 +992,60 @@ mod tests {
                 unit * 2f32.powi((state % (spread as u64 + 1)) as i32)
             })
             .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// The packers this CPU runs (AVX-512's vectors and transposes where it has them)
+        /// give the portable packers' bytes and scales, on texts of one key to past two
+        /// groups, strided rows, heads of 32 to 128 channels (and 16 and 48 for the
+        /// values), with rows of zeros, a NaN and infinities.
+        #[test]
+        fn packers_give_the_portable_bytes(
+            len in 1usize..=40,
+            d in prop_oneof![Just(32usize), Just(64usize), Just(128usize), Just(16usize), Just(48usize)],
+            pad in 0usize..5,
+            specials in proptest::collection::vec((any::<usize>(), 0u8..4), 0..4),
+            seed in any::<u64>(),
+        ) {
+            let stride = d + pad;
+            let mut x = values(seed, len * stride, 9);
+            for (at, kind) in specials {
+                let at = at % x.len();
+                match kind {
+                    0 => x[at] = f32::NAN,
+                    1 => x[at] = f32::INFINITY,
+                    2 => x[at] = f32::NEG_INFINITY,
+                    _ => {
+                        let row = at / stride;
+                        x[row * stride..row * stride + d].fill(0.0);
+                    }
+                }
+            }
+            let bits = |s: &[f32]| s.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            // The buffers hold another text's packing first (longer: what a shorter text
+            // leaves unwritten must not show), the portable packers' are new.
+            let other = values(!seed, 40 * stride, 3);
+            if d.is_multiple_of(2 * LANES) {
+                let (mut q, mut sq, mut q0, mut sq0) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                pack_queries(&other, stride, 40, d, &mut q, &mut sq);
+                pack_queries(&x, stride, len, d, &mut q, &mut sq);
+                pack_queries_portable(&x, stride, len, d, &mut q0, &mut sq0);
+                prop_assert_eq!((&q, bits(&sq)), (&q0, bits(&sq0)));
+                let (mut k, mut sk) = (Aligned::default(), Aligned::default());
+                let (mut k0, mut sk0) = (Aligned::default(), Aligned::default());
+                pack_keys(&other, stride, 40, d, &mut k, &mut sk);
+                pack_keys(&x, stride, len, d, &mut k, &mut sk);
+                pack_keys_portable(&x, stride, len, d, &mut k0, &mut sk0);
+                prop_assert_eq!((&k[..], bits(&sk)), (&k0[..], bits(&sk0)));
+            }
+            let (mut v, mut sv) = (Aligned::default(), Vec::new());
+            let (mut v0, mut sv0) = (Aligned::default(), Vec::new());
+            pack_values(&other, stride, 40, d, &mut v, &mut sv);
+            pack_values(&x, stride, len, d, &mut v, &mut sv);
+            pack_values_portable(&x, stride, len, d, &mut v0, &mut sv0);
+            prop_assert_eq!((&v[..], bits(&sv)), (&v0[..], bits(&sv0)));
+        }
     }
 
     proptest! {

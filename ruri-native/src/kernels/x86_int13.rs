@@ -10,8 +10,11 @@
 
 use std::arch::x86_64::*;
 
+use super::aligned::Aligned;
 use super::bf16::LANES;
-use super::int13::{TILE_MAX_D, scores_fit, sum_tiles, weighted_sum_fits};
+use super::int13::{LEVELS_F32, TILE_MAX_D, scores_fit, sum_tiles, weighted_sum_fits};
+use super::int13::{abs_bits, group_quantizers, prefetch_ahead, quantizers};
+use super::simd_f32::holds_rows;
 
 /// Query rows per tile of scores and of weighted sums.
 const MR: usize = 4;
@@ -262,6 +265,102 @@ unsafe fn softmax_masked_tile(
     unsafe { _mm256_storeu_si256(w.as_mut_ptr().cast(), weights) };
 }
 
+/// `super::bf16`'s `softmax_int13` of `rows` rows whose own keys are all the same first
+/// `len` of the row (a text within the window: every query sees every key), with each row's
+/// max given: each row's blocks in order as [`softmax_blocks`] (the last one masked as
+/// [`softmax_masked_block`] where `len` ends inside it), zero weights past them; then the
+/// totals of 16 rows side by side, each row's lanes added in order from 0, and `1 / total`:
+/// the same operations in the same order as the portable rows, with no step between the
+/// blocks (the portable driver's own bookkeeping was the largest part of a query's
+/// softmax).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn softmax_whole(
+    s: &[f32],
+    width: usize,
+    rows: usize,
+    len: usize,
+    (c, maxes): (f32, &[f32]),
+    p: &mut [u16],
+    inv: &mut [f32],
+) {
+    assert!(available(), "AVX-512 tiles on a CPU without them");
+    assert!(width.is_multiple_of(LANES) && len <= width);
+    let size = rows.checked_mul(width).expect("a block of scores");
+    assert!(s.len() >= size && p.len() >= size && maxes.len() >= rows && inv.len() >= rows);
+    // SAFETY: AVX-512F/BW (checked above); the body reads and writes through slices only.
+    unsafe { softmax_whole_tiles(s, width, rows, len, (c, maxes), p, inv) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw")]
+#[allow(clippy::too_many_arguments)]
+fn softmax_whole_tiles(
+    s: &[f32],
+    width: usize,
+    rows: usize,
+    len: usize,
+    (c, maxes): (f32, &[f32]),
+    p: &mut [u16],
+    inv: &mut [f32],
+) {
+    let blocks = len.div_ceil(LANES);
+    // The own lanes of the last block.
+    let tail = match len % LANES {
+        0 => u16::MAX,
+        n => (1u16 << n) - 1,
+    };
+    let levels = _mm512_set1_ps(super::int13::LEVELS_F32);
+    for first in (0..rows).step_by(LANES) {
+        let n = (rows - first).min(LANES);
+        let mut partials = [_mm512_setzero_si512(); LANES];
+        for (i, partial) in partials.iter_mut().enumerate().take(n) {
+            let r = first + i;
+            let cm = (_mm512_set1_ps(c), _mm512_set1_ps(maxes[r] * c));
+            let row = &s[r * width..(r + 1) * width];
+            let w = &mut p[r * width..(r + 1) * width];
+            let mut acc = _mm512_setzero_ps();
+            for (b, (x, w)) in row
+                .chunks_exact(LANES)
+                .zip(w.chunks_exact_mut(LANES))
+                .enumerate()
+            {
+                if b >= blocks {
+                    w.fill(0);
+                    continue;
+                }
+                let mut unused = _mm512_setzero_ps();
+                // SAFETY: AVX-512F (this function's); one block of 16 scores.
+                let [e] = unsafe { super::x86_bf16::exps::<1>(x.as_ptr(), cm, &mut unused) };
+                let e = if b + 1 == blocks {
+                    _mm512_maskz_mov_ps(tail, e)
+                } else {
+                    e
+                };
+                acc = _mm512_add_ps(acc, e);
+                let weights = _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(e, levels)));
+                let w: &mut [u16; LANES] = w.try_into().expect("16 weights");
+                // SAFETY: 16 u16s, 32 bytes.
+                unsafe { _mm256_storeu_si256(w.as_mut_ptr().cast(), weights) };
+            }
+            *partial = _mm512_castps_si512(acc);
+        }
+        // Lane i of column j is row i's partial sum j (rows past n: zeros, not kept).
+        let columns = transpose(partials);
+        let mut totals = _mm512_setzero_ps();
+        for column in columns {
+            totals = _mm512_add_ps(totals, _mm512_castsi512_ps(column));
+        }
+        let inverses = _mm512_div_ps(_mm512_set1_ps(1.0), totals);
+        let out = &mut inv[first..first + n];
+        let lanes = if n == LANES {
+            u16::MAX
+        } else {
+            (1u16 << n) - 1
+        };
+        // SAFETY: the first n of the 16 lanes, into n values.
+        unsafe { _mm512_mask_storeu_ps(out.as_mut_ptr(), lanes, inverses) };
+    }
+}
+
 /// Row `r`'s 16 whole sums of channel vector `n` of a tile (converted to f32), times their
 /// channels' scales, times the row's `1 / total`, stored as its outputs.
 ///
@@ -434,4 +533,306 @@ unsafe fn sum_tile<const R: usize, const N: usize>(
             }
         }
     }
+}
+
+/// Whether this CPU has the instructions the packers use (AVX-512F and BW).
+pub(crate) fn packers_available() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+}
+
+/// `super::int13::pack_queries` in vectors; `d` a multiple of 32.
+pub(crate) fn pack_queries(
+    q: &[f32],
+    stride: usize,
+    rows: usize,
+    d: usize,
+    out: &mut Vec<u32>,
+    scales: &mut Vec<f32>,
+) {
+    assert!(packers_available(), "AVX-512 packers on a CPU without them");
+    assert!(d.is_multiple_of(2 * LANES) && holds_rows(q.len(), rows, stride, d));
+    // SAFETY: AVX-512F/BW (checked above); the body reads and writes through slices only.
+    unsafe { pack_queries_avx512(q, stride, rows, d, out, scales) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw")]
+fn pack_queries_avx512(
+    q: &[f32],
+    stride: usize,
+    rows: usize,
+    d: usize,
+    out: &mut Vec<u32>,
+    scales: &mut Vec<f32>,
+) {
+    let half = d / 2;
+    // Every value is written below: the buffers are sized, not cleared.
+    out.resize(rows * half, 0);
+    scales.resize(rows.next_multiple_of(LANES), 0.0);
+    let mut t = [0.0f32; LANES];
+    for (g, s) in scales.as_chunks_mut::<LANES>().0.iter_mut().enumerate() {
+        let (first, n) = (g * LANES, (rows - g * LANES).min(LANES));
+        group_quantizers(q, stride, (first, n), d, &mut t, s);
+        for (i, &t) in t.iter().enumerate().take(n) {
+            let r = first + i;
+            let row = &q[r * stride..r * stride + d];
+            let o = &mut out[r * half..(r + 1) * half];
+            for (o, x) in o.chunks_exact_mut(LANES).zip(row.chunks_exact(2 * LANES)) {
+                store_u32(o, quantize_pairs(x, _mm512_set1_ps(t)));
+            }
+        }
+    }
+    scales.truncate(rows);
+}
+
+/// `super::int13::pack_keys` in vectors; `d` a multiple of 32.
+pub(crate) fn pack_keys(
+    k: &[f32],
+    stride: usize,
+    len: usize,
+    d: usize,
+    out: &mut Aligned<u32>,
+    scales: &mut Aligned<f32>,
+) {
+    assert!(packers_available(), "AVX-512 packers on a CPU without them");
+    assert!(d.is_multiple_of(2 * LANES) && holds_rows(k.len(), len, stride, d));
+    // SAFETY: AVX-512F/BW (checked above); the body reads and writes through slices only.
+    unsafe { pack_keys_avx512(k, stride, len, d, out, scales) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw")]
+fn pack_keys_avx512(
+    k: &[f32],
+    stride: usize,
+    len: usize,
+    d: usize,
+    out: &mut Aligned<u32>,
+    scales: &mut Aligned<f32>,
+) {
+    let half = d / 2;
+    let groups = len.div_ceil(LANES);
+    // Every value is written below (zeros past the last key): sized, not cleared.
+    out.resize_for_overwrite(groups * half * LANES);
+    scales.resize_for_overwrite(groups * LANES);
+    let mut t = [0.0f32; LANES];
+    let groups_out = out.chunks_exact_mut(half * LANES);
+    for ((g, s), lanes) in scales
+        .as_chunks_mut::<LANES>()
+        .0
+        .iter_mut()
+        .enumerate()
+        .zip(groups_out)
+    {
+        let (first, n) = (g * LANES, (len - g * LANES).min(LANES));
+        group_quantizers(k, stride, (first, n), d, &mut t, s);
+        // 16 pairs of each of the group's keys in a vector (zeros past the last key), the
+        // 16 vectors transposed: a vector for each pair, its lanes the keys.
+        for (c, lanes) in lanes.chunks_exact_mut(LANES * LANES).enumerate() {
+            let mut keys = [_mm512_setzero_si512(); LANES];
+            for ((key, &t), j) in keys.iter_mut().zip(&t).take(n).zip(first..) {
+                let x = &k[j * stride + 2 * c * LANES..j * stride + 2 * (c + 1) * LANES];
+                *key = quantize_pairs(x, _mm512_set1_ps(t));
+            }
+            let pairs = transpose(keys);
+            for (o, &p) in lanes.chunks_exact_mut(LANES).zip(&pairs) {
+                store_u32(o, p);
+            }
+        }
+    }
+}
+
+/// `super::int13::pack_values` in vectors; `d` a multiple of 16.
+pub(crate) fn pack_values(
+    v: &[f32],
+    stride: usize,
+    len: usize,
+    d: usize,
+    out: &mut Aligned<u32>,
+    scales: &mut Vec<f32>,
+) {
+    assert!(packers_available(), "AVX-512 packers on a CPU without them");
+    assert!(d.is_multiple_of(LANES) && holds_rows(v.len(), len, stride, d));
+    // SAFETY: AVX-512F/BW (checked above); the body reads and writes through slices only.
+    unsafe { pack_values_avx512(v, stride, len, d, out, scales) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw")]
+fn pack_values_avx512(
+    v: &[f32],
+    stride: usize,
+    len: usize,
+    d: usize,
+    out: &mut Aligned<u32>,
+    scales: &mut Vec<f32>,
+) {
+    let row = |j: usize| &v[j * stride..j * stride + d];
+    // As the portable packer: the channels' scales, and past them their largest magnitudes'
+    // bits, then their multipliers (every value written below: sized, not cleared).
+    scales.resize(2 * d, 0.0);
+    let (s, t) = scales.split_at_mut(d);
+    // The maxes of up to MAX_VECTORS vectors of channels in registers, key after key.
+    for (c, m) in t.chunks_mut(MAX_VECTORS * LANES).enumerate() {
+        let lo = c * MAX_VECTORS * LANES;
+        let mut acc = [_mm512_setzero_si512(); MAX_VECTORS];
+        for j in 0..len {
+            if c == 0 {
+                prefetch_ahead(v, j, stride, d);
+            }
+            let x = &row(j)[lo..lo + m.len()];
+            for (a, x) in acc.iter_mut().zip(x.chunks_exact(LANES)) {
+                let x = load_u32(x);
+                *a = _mm512_max_epu32(*a, _mm512_and_si512(x, _mm512_set1_epi32(0x7fff_ffff)));
+            }
+        }
+        for (m, &a) in m.chunks_exact_mut(LANES).zip(&acc) {
+            store_f32(m, _mm512_castsi512_ps(a));
+        }
+    }
+    debug_assert!(t.iter().all(|m| m.to_bits() == abs_bits(*m)));
+    quantizers(t, s);
+    s.iter_mut().for_each(|s| *s /= LEVELS_F32);
+    out.resize_for_overwrite(len.div_ceil(2) * d);
+    for (p, o) in out.chunks_exact_mut(d).enumerate() {
+        let even = row(2 * p);
+        let odd = if 2 * p + 1 < len {
+            Some(row(2 * p + 1))
+        } else {
+            None
+        };
+        for (c, o) in o.chunks_exact_mut(LANES).enumerate() {
+            let (lo, hi) = (c * LANES, (c + 1) * LANES);
+            let m = load_f32(&t[lo..hi]);
+            let even = quantize(load_f32(&even[lo..hi]), m);
+            // (A match, not a closure: a closure is compiled without this function's
+            // features.)
+            let odd = match odd {
+                Some(x) => quantize(load_f32(&x[lo..hi]), m),
+                None => _mm512_setzero_si512(),
+            };
+            let pairs = _mm512_or_si512(
+                _mm512_and_si512(even, _mm512_set1_epi32(0xffff)),
+                _mm512_slli_epi32::<16>(odd),
+            );
+            store_u32(o, pairs);
+        }
+    }
+    scales.truncate(d);
+}
+
+/// Vectors of channels whose largest magnitudes [`pack_values`] keeps in registers at once.
+const MAX_VECTORS: usize = 8;
+
+/// `super::int13::quantize` of 16 values: `x · t` clamped to ±L (as `f32::clamp`: a NaN
+/// stays NaN), plus 1.5 · 2²³, the integer read from the sum's bits (in the low 16 bits of
+/// each lane, as the portable packers' `as i16` reads it).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn quantize(x: __m512, t: __m512) -> __m512i {
+    let magic = crate::math::ROUND_MAGIC;
+    let y = _mm512_mul_ps(x, t);
+    // vmaxps(a, b) is `a > b ? a : b` and vminps(a, b) `a < b ? a : b`: a NaN in y is kept.
+    let y = _mm512_max_ps(_mm512_set1_ps(-LEVELS_F32), y);
+    let y = _mm512_min_ps(_mm512_set1_ps(LEVELS_F32), y);
+    let y = _mm512_add_ps(y, _mm512_set1_ps(magic));
+    _mm512_sub_epi32(
+        _mm512_castps_si512(y),
+        _mm512_set1_epi32(magic.to_bits() as i32),
+    )
+}
+
+/// 32 values (`x`, at least 32) quantized with the multiplier `t` as 16 pairs:
+/// `pair(x[2c], x[2c + 1])` in lane `c`.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+fn quantize_pairs(x: &[f32], t: __m512) -> __m512i {
+    let (a, b) = (load_f32(&x[..LANES]), load_f32(&x[LANES..2 * LANES]));
+    // Each i32 truncated to its low 16 bits (vpmovdw), the 32 in order: lane c's two halves
+    // are values 2c and 2c + 1.
+    let (a, b) = (
+        _mm512_cvtepi32_epi16(quantize(a, t)),
+        _mm512_cvtepi32_epi16(quantize(b, t)),
+    );
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b)
+}
+
+/// The 16 × 16 transpose of 32-bit lanes: lane `i` of output `c` is lane `c` of input `i`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn transpose(r: [__m512i; LANES]) -> [__m512i; LANES] {
+    // In each 128-bit block b: t[2i] = (r[2i][4b], r[2i+1][4b], r[2i][4b+1], r[2i+1][4b+1]),
+    // t[2i+1] the same of elements 4b+2 and 4b+3.
+    let t: [__m512i; LANES] = std::array::from_fn(|i| {
+        let (a, b) = (r[i & !1], r[i | 1]);
+        if i % 2 == 0 {
+            _mm512_unpacklo_epi32(a, b)
+        } else {
+            _mm512_unpackhi_epi32(a, b)
+        }
+    });
+    // u[4a + e], block b: rows 4a..4a + 4, element 4b + e.
+    let u: [__m512i; LANES] = std::array::from_fn(|i| {
+        let (a, e) = (i / 4, i % 4);
+        let (x, y) = (t[4 * a + (e / 2)], t[4 * a + 2 + (e / 2)]);
+        if e % 2 == 0 {
+            _mm512_unpacklo_epi64(x, y)
+        } else {
+            _mm512_unpackhi_epi64(x, y)
+        }
+    });
+    // v[e][h]: blocks (0, 2) or (1, 3) of u[e] and u[4 + e]; w[e][h] of u[8 + e], u[12 + e].
+    let pick = |x: __m512i, y: __m512i, h: usize| {
+        if h == 0 {
+            _mm512_shuffle_i32x4::<0x88>(x, y)
+        } else {
+            _mm512_shuffle_i32x4::<0xdd>(x, y)
+        }
+    };
+    let mut out = [_mm512_setzero_si512(); LANES];
+    for e in 0..4 {
+        for h in 0..2 {
+            let v = pick(u[e], u[4 + e], h);
+            let w = pick(u[8 + e], u[12 + e], h);
+            // Output 4b + e takes block b of each of rows' quarters: b = h from (v, w)'s
+            // even blocks, b = 2 + h from their odd ones.
+            out[4 * h + e] = pick(v, w, 0);
+            out[4 * (2 + h) + e] = pick(v, w, 1);
+        }
+    }
+    out
+}
+
+/// 16 f32 from `x` (at least 16).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn load_f32(x: &[f32]) -> __m512 {
+    let x = &x[..LANES];
+    // SAFETY: 16 values (just sliced).
+    unsafe { _mm512_loadu_ps(x.as_ptr()) }
+}
+
+/// 16 lanes' bits from `x` (at least 16).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn load_u32(x: &[f32]) -> __m512i {
+    let x = &x[..LANES];
+    // SAFETY: 16 values (just sliced).
+    unsafe { _mm512_loadu_si512(x.as_ptr().cast()) }
+}
+
+/// `v` into `o` (at least 16).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn store_f32(o: &mut [f32], v: __m512) {
+    let o = &mut o[..LANES];
+    // SAFETY: 16 values (just sliced).
+    unsafe { _mm512_storeu_ps(o.as_mut_ptr(), v) }
+}
+
+/// `v`'s lanes into `o` (at least 16).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn store_u32(o: &mut [u32], v: __m512i) {
+    let o = &mut o[..LANES];
+    // SAFETY: 16 values (just sliced).
+    unsafe { _mm512_storeu_si512(o.as_mut_ptr().cast(), v) }
 }
