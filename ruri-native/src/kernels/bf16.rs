@@ -1731,8 +1731,8 @@ pub(crate) mod tests {
         /// infinities and NaNs among the keys and none.
         #[test]
         fn int13_softmax_of_whole_texts_is_the_portable_one(
-            blocks in 1usize..5,
-            len in 0usize..80,
+            blocks in 1usize..10,
+            len in 0usize..160,
             rows in 1usize..41,
             seed in any::<u64>(),
             spread in prop_oneof![Just(1.0f32), Just(60.0f32)],

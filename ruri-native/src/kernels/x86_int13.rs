@@ -308,7 +308,6 @@ fn softmax_whole_tiles(
         0 => u16::MAX,
         n => (1u16 << n) - 1,
     };
-    let levels = _mm512_set1_ps(super::int13::LEVELS_F32);
     for first in (0..rows).step_by(LANES) {
         let n = (rows - first).min(LANES);
         let mut partials = [_mm512_setzero_si512(); LANES];
@@ -318,29 +317,36 @@ fn softmax_whole_tiles(
             let row = &s[r * width..(r + 1) * width];
             let w = &mut p[r * width..(r + 1) * width];
             let mut acc = _mm512_setzero_ps();
-            for (b, (x, w)) in row
-                .chunks_exact(LANES)
-                .zip(w.chunks_exact_mut(LANES))
-                .enumerate()
-            {
-                if b >= blocks {
-                    w.fill(0);
-                    continue;
+            // The blocks whose every lane is own (all but a last one that `len` ends in): four
+            // at a time, their exps added to `acc` in block order, then one at a time.
+            let whole = if tail == u16::MAX { blocks } else { blocks - 1 };
+            let (scores, w_blocks) = (row.as_chunks::<LANES>().0, w.as_chunks_mut::<LANES>().0);
+            let mut b = 0;
+            while b + 4 <= whole {
+                // SAFETY: AVX-512F (this function's); blocks b..b + 4 of the row's scores.
+                let e = unsafe {
+                    super::x86_bf16::exps::<4>(scores[b..b + 4].as_ptr().cast(), cm, &mut acc)
+                };
+                for (k, e) in e.into_iter().enumerate() {
+                    store_weights(&mut w_blocks[b + k], e);
                 }
+                b += 4;
+            }
+            while b < blocks {
                 let mut unused = _mm512_setzero_ps();
-                // SAFETY: AVX-512F (this function's); one block of 16 scores.
-                let [e] = unsafe { super::x86_bf16::exps::<1>(x.as_ptr(), cm, &mut unused) };
-                let e = if b + 1 == blocks {
-                    _mm512_maskz_mov_ps(tail, e)
-                } else {
+                // SAFETY: AVX-512F (this function's); block b of the row's scores.
+                let [e] =
+                    unsafe { super::x86_bf16::exps::<1>(scores[b].as_ptr(), cm, &mut unused) };
+                let e = if b < whole {
                     e
+                } else {
+                    _mm512_maskz_mov_ps(tail, e)
                 };
                 acc = _mm512_add_ps(acc, e);
-                let weights = _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(e, levels)));
-                let w: &mut [u16; LANES] = w.try_into().expect("16 weights");
-                // SAFETY: 16 u16s, 32 bytes.
-                unsafe { _mm256_storeu_si256(w.as_mut_ptr().cast(), weights) };
+                store_weights(&mut w_blocks[b], e);
+                b += 1;
             }
+            w_blocks[blocks..].iter_mut().for_each(|w| w.fill(0));
             *partial = _mm512_castps_si512(acc);
         }
         // Lane i of column j is row i's partial sum j (rows past n: zeros, not kept).
@@ -359,6 +365,16 @@ fn softmax_whole_tiles(
         // SAFETY: the first n of the 16 lanes, into n values.
         unsafe { _mm512_mask_storeu_ps(out.as_mut_ptr(), lanes, inverses) };
     }
+}
+
+/// The weights `rint(4095 · e)` of 16 exps into `w` (as [`softmax_blocks`] makes them).
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+fn store_weights(w: &mut [u16; LANES], e: __m512) {
+    let levels = _mm512_set1_ps(super::int13::LEVELS_F32);
+    let weights = _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(e, levels)));
+    // SAFETY: `w` is 16 u16s, 32 bytes.
+    unsafe { _mm256_storeu_si256(w.as_mut_ptr().cast(), weights) };
 }
 
 /// Row `r`'s 16 whole sums of channel vector `n` of a tile (converted to f32), times their
