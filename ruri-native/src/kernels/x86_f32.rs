@@ -177,7 +177,8 @@ unsafe fn transpose_keys_impl(k: &[f32], stride: usize, len: usize, d: usize, kt
 /// The 16 × 16 transpose: `out[c]` lane `i` is `rows[i]` lane `c`. Pairs of rows
 /// interleaved by 32 bits, then by 64, then 128-bit lanes gathered twice.
 #[target_feature(enable = "avx512f")]
-fn transpose16(rows: [__m512; LANES]) -> [__m512; LANES] {
+#[inline]
+pub(super) fn transpose16(rows: [__m512; LANES]) -> [__m512; LANES] {
     // t[2p] holds, in each 128-bit lane L, rows 2p and 2p + 1 at columns 4L and 4L + 1
     // (interleaved); t[2p + 1] the same at 4L + 2 and 4L + 3.
     let mut t = [_mm512_setzero_ps(); LANES];

@@ -771,48 +771,20 @@ fn quantize_pairs(x: &[f32], t: __m512) -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b)
 }
 
-/// The 16 × 16 transpose of 32-bit lanes: lane `i` of output `c` is lane `c` of input `i`.
+/// The 16 × 16 transpose of 32-bit lanes (`x86_f32`'s, on the same bits): lane `i` of
+/// output `c` is lane `c` of input `i`.
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn transpose(r: [__m512i; LANES]) -> [__m512i; LANES] {
-    // In each 128-bit block b: t[2i] = (r[2i][4b], r[2i+1][4b], r[2i][4b+1], r[2i+1][4b+1]),
-    // t[2i+1] the same of elements 4b+2 and 4b+3.
-    let t: [__m512i; LANES] = std::array::from_fn(|i| {
-        let (a, b) = (r[i & !1], r[i | 1]);
-        if i % 2 == 0 {
-            _mm512_unpacklo_epi32(a, b)
-        } else {
-            _mm512_unpackhi_epi32(a, b)
-        }
-    });
-    // u[4a + e], block b: rows 4a..4a + 4, element 4b + e.
-    let u: [__m512i; LANES] = std::array::from_fn(|i| {
-        let (a, e) = (i / 4, i % 4);
-        let (x, y) = (t[4 * a + (e / 2)], t[4 * a + 2 + (e / 2)]);
-        if e % 2 == 0 {
-            _mm512_unpacklo_epi64(x, y)
-        } else {
-            _mm512_unpackhi_epi64(x, y)
-        }
-    });
-    // v[e][h]: blocks (0, 2) or (1, 3) of u[e] and u[4 + e]; w[e][h] of u[8 + e], u[12 + e].
-    let pick = |x: __m512i, y: __m512i, h: usize| {
-        if h == 0 {
-            _mm512_shuffle_i32x4::<0x88>(x, y)
-        } else {
-            _mm512_shuffle_i32x4::<0xdd>(x, y)
-        }
-    };
+fn transpose(rows: [__m512i; LANES]) -> [__m512i; LANES] {
+    // Bit casts in plain loops: `array::map`'s closures were calls, compiled without this
+    // function's features.
+    let mut r = [_mm512_setzero_ps(); LANES];
+    for (r, &x) in r.iter_mut().zip(&rows) {
+        *r = _mm512_castsi512_ps(x);
+    }
     let mut out = [_mm512_setzero_si512(); LANES];
-    for e in 0..4 {
-        for h in 0..2 {
-            let v = pick(u[e], u[4 + e], h);
-            let w = pick(u[8 + e], u[12 + e], h);
-            // Output 4b + e takes block b of each of rows' quarters: b = h from (v, w)'s
-            // even blocks, b = 2 + h from their odd ones.
-            out[4 * h + e] = pick(v, w, 0);
-            out[4 * (2 + h) + e] = pick(v, w, 1);
-        }
+    for (o, c) in out.iter_mut().zip(super::x86_f32::transpose16(r)) {
+        *o = _mm512_castps_si512(c);
     }
     out
 }
