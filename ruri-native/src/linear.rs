@@ -700,7 +700,10 @@ impl Linear {
 
     /// `out (+)= f(r) · Wᵀ` for `rows` rows whose inputs `fill(r, row)` writes, the rows
     /// split among the workers of `pool` (each row's result is the same however the rows
-    /// are split).
+    /// are split). After each chunk of output rows is stored, `then(first, chunk)` gets them
+    /// (`chunk`: rows `first..` of `out`, whole rows) while they are still in cache: the
+    /// step that reads them next in place (RoPE on Wqkv's) does not fetch them again.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward_rows_on(
         &self,
         pool: Option<&rayon::ThreadPool>,
@@ -709,10 +712,13 @@ impl Linear {
         accumulate: bool,
         scratch: &mut LinearScratch,
         fill: impl Fn(usize, &mut [f32]) + Sync,
+        then: impl Fn(usize, &mut [f32]) + Sync,
     ) {
         let n = self.out_features();
         on_rows(pool, rows, n, out, scratch, |first, rows, out, s| {
-            self.forward_rows(rows, out, accumulate, s, |r, row| fill(first + r, row))
+            let fill = |r: usize, row: &mut [f32]| fill(first + r, row);
+            let then = |r: usize, chunk: &mut [f32]| then(first + r, chunk);
+            self.forward_rows(rows, out, accumulate, s, fill, then)
         });
     }
 
@@ -724,6 +730,7 @@ impl Linear {
         accumulate: bool,
         s: &mut LinearScratch,
         fill: impl Fn(usize, &mut [f32]),
+        then: impl Fn(usize, &mut [f32]),
     ) {
         let n = self.out_features();
         for (c, out) in out[..rows * n].chunks_mut(ROW_CHUNK * n).enumerate() {
@@ -733,6 +740,7 @@ impl Linear {
                 self.stage_row(r, s, |row| fill(first + r, row));
             }
             self.finish(s, out, accumulate);
+            then(first, out);
         }
     }
 
@@ -760,7 +768,7 @@ impl Linear {
             }
             _ => {
                 let copy = |r: usize, row: &mut [f32]| row.copy_from_slice(&x[r * k..(r + 1) * k]);
-                self.forward_rows_on(pool, rows, out, accumulate, scratch, copy);
+                self.forward_rows_on(pool, rows, out, accumulate, scratch, copy, |_, _| {});
             }
         }
     }

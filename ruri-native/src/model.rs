@@ -964,48 +964,44 @@ impl Model {
                 None => o.copy_from_slice(row),
             }
         };
-        layer
-            .wqkv
-            .forward_rows_on(pool, tokens, &mut s.qkv, false, &mut s.linear, norm_row);
         let (rope, past) = match layer.kind {
             AttentionKind::Global => (&self.rope_global, &mut s.rope_past[0]),
             AttentionKind::Local => (&self.rope_local, &mut s.rope_past[1]),
         };
+        let (heads, d) = (self.config.num_attention_heads, self.config.head_dim());
+        // Wqkv's output is viewed as (3, heads, head_dim): q, k, v, each head contiguous;
+        // q's heads, then k's, are the first 2·heads head vectors of a row. Each chunk of
+        // rows is rotated as soon as Wqkv has stored it, while it is in cache (rotated after
+        // the whole call, a batch's rows came back from L3: RoPE was 1.7 % of the int8
+        // workload's samples, 41 % of them on one load).
+        let end = packed.positions.iter().max().map_or(0, |&p| p as usize + 1);
+        rope.extend(past, d, end, pool);
+        let past = &*past;
+        let positions = &packed.positions;
+        let rotate = |first: usize, rows: &mut [f32]| {
+            for (row, &p) in rows.chunks_exact_mut(3 * h).zip(&positions[first..]) {
+                rope.rotate(row, 2 * heads, d, p as usize, past);
+            }
+        };
+        layer.wqkv.forward_rows_on(
+            pool,
+            tokens,
+            &mut s.qkv,
+            false,
+            &mut s.linear,
+            norm_row,
+            rotate,
+        );
         // transformers: `sliding_window = local_attention // 2`; a sliding layer lets query
         // i see key j iff |i − j| ≤ sliding_window (positions, not packed indices).
         let window = match layer.kind {
             AttentionKind::Global => usize::MAX,
             AttentionKind::Local => self.config.local_attention / 2,
         };
-        let (heads, d) = (self.config.num_attention_heads, self.config.head_dim());
         for t in 0..packed.texts() {
             let range = packed.text(t);
             let positions = &packed.positions[range.clone()];
             let qkv = &mut s.qkv[range.start * 3 * h..range.end * 3 * h];
-            // Wqkv's output is viewed as (3, heads, head_dim): q, k, v, each head contiguous;
-            // q's heads, then k's, are the first 2·heads head vectors of a row.
-            let end = positions.iter().max().map_or(0, |&p| p as usize + 1);
-            rope.extend(past, d, end, pool);
-            let past = &*past;
-            let rotate = |rows: &mut [f32], positions: &[u32]| {
-                for (row, &p) in rows.chunks_exact_mut(3 * h).zip(positions) {
-                    rope.rotate(row, 2 * heads, d, p as usize, past);
-                }
-            };
-            match pool {
-                // A long text's rows on the workers (on the caller alone they were ≈ 1 % of
-                // an 8,192-token text's samples, with the other core idle).
-                Some(pool) if positions.len() >= ROTATE_SPLIT_MIN_TOKENS => {
-                    let per = positions.len().div_ceil(pool.current_num_threads());
-                    let rotate = &rotate;
-                    pool.scope(|scope| {
-                        for (rows, ps) in qkv.chunks_mut(per * 3 * h).zip(positions.chunks(per)) {
-                            scope.spawn(move |_| rotate(rows, ps));
-                        }
-                    });
-                }
-                _ => rotate(qkv, positions),
-            }
             let ctx = &mut s.ctx[range.start * h..range.end * h];
             let precision = self.arithmetic();
             attend(
@@ -1082,8 +1078,9 @@ impl Scratch {
     }
 }
 
-/// Texts of at least this many tokens have their rows rotated, and their heads' outputs
-/// copied into the context rows, on the pool's workers.
+/// Calls that need at least this many rotary angles past the cache have them computed, and
+/// texts of at least this many tokens have their heads' outputs copied into the context
+/// rows, on the pool's workers.
 const ROTATE_SPLIT_MIN_TOKENS: usize = 512;
 
 /// Texts shorter than this run their heads one after another even when a pool is given.
