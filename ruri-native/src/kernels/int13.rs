@@ -749,12 +749,12 @@ impl Products {
             Products::Avx512Vnni if d <= TILE_MAX_D => {
                 super::x86_int13::scores(q, sq, rows, d, kt, sk, g_lo, groups, out, row_max)
             }
+            #[cfg(target_arch = "x86_64")]
+            Products::Avx2 if d <= TILE_MAX_D => {
+                super::x86_int13_avx2::scores(q, sq, rows, d, kt, sk, g_lo, groups, out, row_max)
+            }
             _ => {
                 match self {
-                    #[cfg(target_arch = "x86_64")]
-                    Products::Avx2 if d <= TILE_MAX_D => {
-                        super::x86_int13_avx2::scores(q, sq, rows, d, kt, sk, g_lo, groups, out)
-                    }
                     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
                     Products::Simd128 if d <= TILE_MAX_D => {
                         super::wasm_int13::scores(q, sq, rows, d, kt, sk, g_lo, groups, out)
@@ -794,7 +794,7 @@ impl Products {
             }
             #[cfg(target_arch = "x86_64")]
             Products::Avx2 if d.is_multiple_of(LANES / 2) => {
-                super::x86_int13_avx2::weighted_sum(p, rows, p_row, v, pairs, d, out)
+                super::x86_int13_avx2::weighted_sum(p, rows, p_row, v, pairs, d, out, None)
             }
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
             Products::Simd128 if d.is_multiple_of(LANES / 4) => {
@@ -807,8 +807,9 @@ impl Products {
     /// [`Products::weighted_sum`] and then [`finish`]: a block's outputs `finish.out[r][c]
     /// = ((Σ_j p[r][j] · v[j][c] as f32) · scales[c]) · inv[r]`, with `sums` (rows of `d`)
     /// as scratch. The AVX-512 VNNI tiles convert and scale each row's sums where they end,
-    /// in the tile (a short text's sums then never leave their registers); the others sum,
-    /// then finish.
+    /// in the tile (a short text's sums then never leave their registers), and so do the
+    /// AVX2 tiles where every sum is one chunk's (at most [`SUM_CHUNK`] key pairs: AVX2 has
+    /// no conversion of i64 to f32); the others sum, then finish.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn weighted_average(
         self,
@@ -826,6 +827,12 @@ impl Products {
             Products::Avx512Vnni if d.is_multiple_of(LANES) && pairs > 0 => {
                 let v = &v[pair_lo * d..];
                 super::x86_int13::weighted_sum(p, rows, p_row, v, pairs, d, sums, Some(finish))
+            }
+            // A short text's sums (one chunk of pairs) finished in AVX2's tiles too.
+            #[cfg(target_arch = "x86_64")]
+            Products::Avx2 if d.is_multiple_of(LANES / 2) && (1..=SUM_CHUNK).contains(&pairs) => {
+                let v = &v[pair_lo * d..];
+                super::x86_int13_avx2::weighted_sum(p, rows, p_row, v, pairs, d, sums, Some(finish))
             }
             _ => {
                 self.weighted_sum(p, rows, p_row, v, (pair_lo, pairs), d, sums);
@@ -1063,7 +1070,12 @@ mod tests {
         ) {
             let len = g_lo * LANES + keys;
             let q = values(seed, rows * d, 6);
-            let k = values(seed ^ 0x5555, len * d, 6);
+            let mut k = values(seed ^ 0x5555, len * d, 6);
+            if seed % 4 == 0 {
+                // A key holding a NaN: its scale, so its scores, are NaN (which the maxes
+                // leave out).
+                k[(seed as usize >> 8) % (len * d)] = f32::NAN;
+            }
             let (mut qp, mut sq) = (Vec::new(), Vec::new());
             pack_queries(&q, d, rows, d, &mut qp, &mut sq);
             let (mut kt, mut sk) = (Aligned::default(), Aligned::default());
@@ -1087,11 +1099,24 @@ mod tests {
                     expected[r * width + i] = (dot as f32 * s_k) * s_q;
                 }
             }
+            // Each row's max over its first `max_keys` scores, folded into maxes that held
+            // something before, as the softmax's own fold takes them.
+            let max_keys = (seed >> 40) as usize % (width + 1);
+            let before: Vec<f32> = (0..rows)
+                .map(|r| if r % 3 == 0 { f32::NEG_INFINITY } else { r as f32 * 0.25 - 1.0 })
+                .collect();
+            let mut want = before.clone();
+            crate::kernels::bf16::fold_row_maxes(&expected, width, max_keys, &mut want);
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
             for products in Products::all() {
                 let mut out = vec![f32::NAN; rows * width];
                 products.scores((&qp, &sq), rows, d, (&kt, &sk), (g_lo, groups), &mut out, None);
-                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                 prop_assert_eq!(bits(&out), bits(&expected), "{:?}", products);
+                let (mut out, mut max) = (vec![f32::NAN; rows * width], before.clone());
+                let row_max = Some((&mut max[..], max_keys));
+                products.scores((&qp, &sq), rows, d, (&kt, &sk), (g_lo, groups), &mut out, row_max);
+                prop_assert_eq!(bits(&out), bits(&expected), "{:?} with maxes", products);
+                prop_assert_eq!(bits(&max), bits(&want), "{:?}: maxes of {} keys", products, max_keys);
             }
         }
 

@@ -4,7 +4,9 @@
 //! exactly, and `vpaddd` adds that to the sums, 16 multiply-adds for two instructions (an FMA
 //! does 8 f32 ones). The sums are the integers `x86_int13`'s tiles and the portable loops
 //! compute (none can overflow: `super::int13::TILE_MAX_D`, `SUM_CHUNK`), so the bits are
-//! theirs.
+//! theirs. As the AVX-512 tiles do, the score tiles fold each row's max into lanes as they
+//! store the scores (the softmax then reads no score twice), and the weighted sums of a
+//! short text (one chunk of key pairs) leave their tiles as the finished outputs.
 //!
 //! Each public function checks that the CPU has AVX2 and that every buffer holds what its
 //! loops read or write; the `unsafe` blocks rely on nothing else.
@@ -12,7 +14,7 @@
 use std::arch::x86_64::*;
 
 use super::bf16::LANES;
-use super::int13::{TILE_MAX_D, scores_fit, sum_tiles, weighted_sum_fits};
+use super::int13::{Finish, SUM_CHUNK, TILE_MAX_D, scores_fit, sum_tiles, weighted_sum_fits};
 
 /// i32 lanes of a vector.
 const W: usize = 8;
@@ -28,7 +30,10 @@ pub(crate) fn available() -> bool {
     std::arch::is_x86_feature_detected!("avx2")
 }
 
-/// `super::int13::Products::scores` on the tiles; `d` at most `TILE_MAX_D`.
+/// `super::int13::Products::scores` on the tiles; `d` at most `TILE_MAX_D`. With `row_max
+/// = Some((max, keys))`, also each row's max over its first `keys` scores folded into
+/// `max[r]`, lane by lane in the tiles (as `x86_int13`'s tiles fold it, with the same
+/// result as `super::bf16::fold_row_maxes`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn scores(
     q: &[u32],
@@ -40,26 +45,31 @@ pub(crate) fn scores(
     g_lo: usize,
     groups: usize,
     out: &mut [f32],
+    row_max: Option<(&mut [f32], usize)>,
 ) {
     assert!(available(), "AVX2 tiles on a CPU without them");
     let lengths = (q.len(), sq.len(), kt.len(), sk.len(), out.len());
     assert!(d <= TILE_MAX_D && scores_fit(lengths, rows, d, g_lo, groups));
     let half = d / 2;
-    // SAFETY: AVX2 (checked above); q holds `rows` rows of `half` pairs and sq their scales,
-    // kt and sk the groups g_lo..g_lo + groups, out `rows` rows of `groups · 16`
-    // (`scores_fit`, checked above).
-    unsafe {
-        scores_tiles(
-            q.as_ptr(),
-            sq.as_ptr(),
-            rows,
-            half,
-            kt.as_ptr().add(g_lo * half * LANES),
-            sk.as_ptr().add(g_lo * LANES),
-            groups,
-            out.as_mut_ptr(),
-        )
-    }
+    super::x86_bf16::by_row_lanes(rows, row_max, |r0, n, lanes| {
+        // SAFETY: AVX2 (checked above); q holds rows r0..r0 + n ≤ rows of `half` pairs and
+        // sq their scales, kt and sk the groups g_lo..g_lo + groups, out `rows` rows of
+        // `groups · 16` (`scores_fit`, checked above), lanes (unless null) 16 maxes for
+        // each of the n rows (`by_row_lanes`).
+        unsafe {
+            scores_tiles(
+                q.as_ptr().add(r0 * half),
+                sq.as_ptr().add(r0),
+                n,
+                half,
+                kt.as_ptr().add(g_lo * half * LANES),
+                sk.as_ptr().add(g_lo * LANES),
+                groups,
+                out.as_mut_ptr().add(r0 * groups * LANES),
+                lanes,
+            )
+        }
+    });
 }
 
 #[target_feature(enable = "avx2")]
@@ -73,6 +83,7 @@ unsafe fn scores_tiles(
     sk: *const f32,
     groups: usize,
     out: *mut f32,
+    (max, keys): (*mut f32, usize),
 ) {
     let width = groups * LANES;
     let mut g0 = 0;
@@ -81,10 +92,16 @@ unsafe fn scores_tiles(
         let mut r = 0;
         while r < rows {
             let mr = (rows - r).min(MR);
-            // SAFETY: rows r..r + mr ≤ rows of q, sq and out, groups g0..g0 + ng ≤ groups of
-            // kt, sk and out's rows (the caller's sizes).
+            // SAFETY: rows r..r + mr ≤ rows of q, sq and out (and of the maxes, if not
+            // null), groups g0..g0 + ng ≤ groups of kt, sk and out's rows (the caller's
+            // sizes).
             unsafe {
                 let (qt, s) = (q.add(r * half), sq.add(r));
+                let m = if max.is_null() {
+                    max
+                } else {
+                    max.add(r * LANES)
+                };
                 let at = |n: usize| {
                     let g = g0 + n;
                     (
@@ -93,11 +110,15 @@ unsafe fn scores_tiles(
                         out.add(r * width + g * LANES),
                     )
                 };
+                let valid = |n: usize| keys.saturating_sub((g0 + n) * LANES);
                 match (mr, ng) {
-                    (MR, NG) => score_tile::<MR, NG>(qt, s, half, at(0), width),
-                    (MR, _) => (0..ng).for_each(|n| score_tile::<MR, 1>(qt, s, half, at(n), width)),
-                    (_, NG) => score_tile::<1, NG>(qt, s, half, at(0), width),
-                    _ => (0..ng).for_each(|n| score_tile::<1, 1>(qt, s, half, at(n), width)),
+                    (MR, NG) => score_tile::<MR, NG>(qt, s, half, at(0), width, (m, valid(0))),
+                    (MR, _) => (0..ng).for_each(|n| {
+                        score_tile::<MR, 1>(qt, s, half, at(n), width, (m, valid(n)))
+                    }),
+                    (_, NG) => score_tile::<1, NG>(qt, s, half, at(0), width, (m, valid(0))),
+                    _ => (0..ng)
+                        .for_each(|n| score_tile::<1, 1>(qt, s, half, at(n), width, (m, valid(n)))),
                 }
             }
             r += mr;
@@ -109,7 +130,9 @@ unsafe fn scores_tiles(
 /// `R` queries (`half` pairs each, consecutive; scales `sq`) against `N` groups of keys
 /// (`half · 16` pairs apart, two vectors of 8 a pair; scales `sk`, 16 a group): each score
 /// the exact i32 dot product, converted, times the key's scale, times the query's, stored in
-/// rows of `width` at `out`.
+/// rows of `width` at `out`; with `max` not null, each row's scores of its first `valid`
+/// keys (from the tile's first group) folded lane by lane into the row's 16 lanes at
+/// `max + 16·r` (`a > m ? a : m`: a NaN score is left out, as the softmax's own max does).
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn score_tile<const R: usize, const N: usize>(
@@ -118,6 +141,7 @@ unsafe fn score_tile<const R: usize, const N: usize>(
     half: usize,
     (kt, sk, out): (*const u32, *const f32, *mut f32),
     width: usize,
+    (max, valid): (*mut f32, usize),
 ) {
     let mut acc = [[[_mm256_setzero_si256(); 2]; N]; R];
     for c in 0..half {
@@ -138,23 +162,53 @@ unsafe fn score_tile<const R: usize, const N: usize>(
             }
         }
     }
-    for (r, acc) in acc.iter().enumerate() {
-        for (n, acc) in acc.iter().enumerate() {
-            for (h, &a) in acc.iter().enumerate() {
+    let mut scores = [[[_mm256_setzero_ps(); 2]; N]; R];
+    for (r, (acc, scores)) in acc.iter().zip(&mut scores).enumerate() {
+        for (n, (acc, scores)) in acc.iter().zip(scores).enumerate() {
+            for (h, (&a, score)) in acc.iter().zip(scores).enumerate() {
                 // SAFETY: the scales of the tile's keys and rows, and its scores (the caller's
                 // sizes).
                 unsafe {
                     let s = _mm256_loadu_ps(sk.add(n * LANES + h * W));
                     let scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(a), s);
-                    let score = _mm256_mul_ps(scaled, _mm256_set1_ps(*sq.add(r)));
-                    _mm256_storeu_ps(out.add(r * width + n * LANES + h * W), score);
+                    *score = _mm256_mul_ps(scaled, _mm256_set1_ps(*sq.add(r)));
+                    _mm256_storeu_ps(out.add(r * width + n * LANES + h * W), *score);
                 }
+            }
+        }
+    }
+    if max.is_null() {
+        return;
+    }
+    // Each row's two vectors of lanes read once, the tile's groups folded in, stored once.
+    // `max(x, m)` is `x > m ? x : m` (a NaN score keeps the lane); keys past `valid` enter
+    // as −∞, which keeps it too. (A blend of the loaded lanes compiled to masked stores,
+    // which the next load of the lanes waited on.)
+    let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let below = _mm256_set1_ps(f32::NEG_INFINITY);
+    for (r, scores) in scores.iter().enumerate() {
+        for h in 0..2 {
+            // SAFETY: lanes 8h..8h + 8 of row r's 16 maxes (the caller's sizes).
+            unsafe {
+                let slot = max.add(r * LANES + h * W);
+                let mut lanes = _mm256_loadu_ps(slot);
+                for (n, score) in scores.iter().enumerate() {
+                    let count = valid.saturating_sub(n * LANES + h * W).min(W) as i32;
+                    let counted = _mm256_cmpgt_epi32(_mm256_set1_epi32(count), idx);
+                    let x = _mm256_blendv_ps(below, score[h], _mm256_castsi256_ps(counted));
+                    lanes = _mm256_max_ps(x, lanes);
+                }
+                _mm256_storeu_ps(slot, lanes);
             }
         }
     }
 }
 
-/// `super::int13::Products::weighted_sum` on the tiles; `d` a multiple of 8.
+/// `super::int13::Products::weighted_sum` on the tiles; `d` a multiple of 8. With
+/// `finish` (and at most `SUM_CHUNK` key pairs, so that every sum is an i32 tile's),
+/// `super::int13::Products::weighted_average`'s outputs instead: each tile converts its
+/// rows' sums and scales them as `super::int13::finish` does.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn weighted_sum(
     p: &[u16],
     rows: usize,
@@ -163,12 +217,26 @@ pub(crate) fn weighted_sum(
     pairs: usize,
     d: usize,
     out: &mut [i64],
+    finish: Option<Finish<'_>>,
 ) {
     assert!(available(), "AVX2 tiles on a CPU without them");
     let lengths = (p.len(), v.len(), out.len());
     assert!(d.is_multiple_of(W) && weighted_sum_fits(lengths, rows, p_row, pairs, d));
+    let finish = finish.map(|f| {
+        // An i64 sum has no conversion to f32 in AVX2: the tiles finish only whole sums
+        // of one chunk.
+        assert!(f.fits(rows, d) && pairs <= SUM_CHUNK);
+        (
+            f.scales.as_ptr(),
+            f.inv.as_ptr(),
+            f.out.as_mut_ptr(),
+            f.out_stride,
+        )
+    });
     // SAFETY: AVX2 (checked above); p holds `rows` rows of `2 · pairs` weights `p_row`
-    // apart, v `pairs` rows of `d` pairs, out `rows` rows of `d` (checked above).
+    // apart, v `pairs` rows of `d` pairs, out `rows` rows of `d`, and with `finish`, its
+    // `d` scales, `rows` inverses and `rows` rows of `d` outputs `out_stride` apart
+    // (checked above).
     unsafe {
         weighted_sum_tiles(
             p.as_ptr(),
@@ -178,13 +246,21 @@ pub(crate) fn weighted_sum(
             pairs,
             d,
             out.as_mut_ptr(),
+            finish,
         )
     }
 }
 
+/// A tile's outputs: the channels' scales, the rows' `1 / total`, the outputs and their
+/// stride (`super::int13::Finish` as pointers, at the tile's first row and channel where
+/// `sum_tile` takes it).
+type FinishAt = (*const f32, *const f32, *mut f32, usize);
+
 /// The tiles in `super::int13::sum_tiles`' walk: each tile's i32 sums of a chunk, then
-/// added to its i64 sums (stored on the first chunk).
+/// added to its i64 sums (stored on the first chunk); with `finish` (one chunk), the
+/// outputs instead.
 #[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn weighted_sum_tiles(
     p: *const u16,
     rows: usize,
@@ -193,14 +269,25 @@ unsafe fn weighted_sum_tiles(
     pairs: usize,
     d: usize,
     out: *mut i64,
+    finish: Option<FinishAt>,
 ) {
     for t in sum_tiles(rows, pairs, d, MR, (NV * W, W)) {
         // SAFETY: the tile's rows ≤ rows of p and out, its pairs ≤ pairs of v, its
-        // channels ≤ d (`sum_tiles` keeps every tile inside its shape; the caller's sizes).
+        // channels ≤ d (`sum_tiles` keeps every tile inside its shape; the caller's sizes);
+        // with `finish`: the scales of the tile's channels, the inverses of its rows, its
+        // outputs (the caller's sizes).
         unsafe {
             let w = p.add(t.r * p_row + 2 * t.j0);
             let (vt, o) = (v.add(t.j0 * d + t.c0), out.add(t.r * d + t.c0));
-            let s = (p_row, d, t.pairs, t.first);
+            let f = finish.map(|(scales, inv, out, stride)| {
+                (
+                    scales.add(t.c0),
+                    inv.add(t.r),
+                    out.add(t.r * stride + t.c0),
+                    stride,
+                )
+            });
+            let s = (p_row, d, t.pairs, t.first, f);
             match (t.full_rows, t.wide) {
                 (true, true) => sum_tile::<MR, NV>(w, vt, o, s),
                 (true, false) => sum_tile::<MR, 1>(w, vt, o, s),
@@ -213,14 +300,17 @@ unsafe fn weighted_sum_tiles(
 
 /// `R` rows × `N` vectors of 8 channels over `pairs` (≤ `SUM_CHUNK`) key pairs: weights `w`
 /// (row `r`'s pair `j` at `r · p_row + 2j`), values `v` (pair `j`'s channels at `j · d`);
-/// the i32 sums stored to, or added to, the i64 sums `out` (row `r` at `r · d`).
+/// the i32 sums stored to, or added to, the i64 sums `out` (row `r` at `r · d`). With
+/// `finish` (the only chunk), each sum is converted to f32 (to nearest even, as
+/// `super::int13::finish`'s conversion of the same integer), times its channel's scale,
+/// times its row's `1 / total`, and stored as an output instead.
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn sum_tile<const R: usize, const N: usize>(
     w: *const u16,
     v: *const u32,
     out: *mut i64,
-    (p_row, d, pairs, first): (usize, usize, usize, bool),
+    (p_row, d, pairs, first, finish): (usize, usize, usize, bool, Option<FinishAt>),
 ) {
     let mut acc = [[_mm256_setzero_si256(); N]; R];
     for j in 0..pairs {
@@ -240,8 +330,16 @@ unsafe fn sum_tile<const R: usize, const N: usize>(
     }
     for (r, acc) in acc.iter().enumerate() {
         for (n, &a) in acc.iter().enumerate() {
-            // SAFETY: the tile's own sums, 8 i64 a vector of channels (the caller's sizes).
+            // SAFETY: the tile's own sums, 8 i64 a vector of channels, and with `finish` its
+            // 8 channels' scales, its row's inverse and 8 outputs (the caller's sizes).
             unsafe {
+                if let Some((scales, inv, y, stride)) = finish {
+                    let s = _mm256_loadu_ps(scales.add(n * W));
+                    let sums = _mm256_cvtepi32_ps(a);
+                    let scaled = _mm256_mul_ps(_mm256_mul_ps(sums, s), _mm256_set1_ps(*inv.add(r)));
+                    _mm256_storeu_ps(y.add(r * stride + n * W), scaled);
+                    continue;
+                }
                 let o = out.add(r * d + n * W);
                 let lo = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(a));
                 let hi = _mm256_cvtepi32_epi64(_mm256_extracti128_si256::<1>(a));
