@@ -1199,15 +1199,24 @@ fn softmax_int13_body(
         false
     };
     // A text within the window (every row's own keys the first `len`, its max given): the
-    // rows in one AVX-512 pass.
+    // rows in one AVX-512 pass, or one AVX2 pass where the AVX2 products run.
     #[cfg(target_arch = "x86_64")]
-    if let (true, Some(maxes), Some(&(0, len))) = (tiles, maxes, own.first())
+    if let (Some(maxes), Some(&(0, len))) = (maxes, own.first())
         && own.iter().all(|&o| o == (0, len))
         && len <= width
     {
         let c = scale * std::f32::consts::LOG2_E;
         let rows = own.len();
-        return super::x86_int13::softmax_whole(s, width, rows, len, (c, maxes), p, inv);
+        match products {
+            super::int13::Products::Avx512Vnni => {
+                return super::x86_int13::softmax_whole(s, width, rows, len, (c, maxes), p, inv);
+            }
+            super::int13::Products::Avx2 => {
+                let maxes = (c, maxes);
+                return super::x86_int13_avx2::softmax_whole(s, width, rows, len, maxes, p, inv);
+            }
+            super::int13::Products::Portable => {}
+        }
     }
     softmax_rows::<true>(tiles, s, width, own, scale, maxes, p, inv)
 }
@@ -1727,8 +1736,8 @@ pub(crate) mod tests {
 
         /// A text within the window (every row's own keys the first `len`, the maxes given,
         /// as int13's attention asks), on up to 40 rows (past one group of 16 totals): the
-        /// AVX-512 pass gives the portable rows' weights and inverses, bit for bit, with
-        /// infinities and NaNs among the keys and none.
+        /// AVX-512 and AVX2 passes give the portable rows' weights and inverses, bit for
+        /// bit, with infinities and NaNs among the keys and none.
         #[test]
         fn int13_softmax_of_whole_texts_is_the_portable_one(
             blocks in 1usize..10,

@@ -5,8 +5,9 @@
 //! does 8 f32 ones). The sums are the integers `x86_int13`'s tiles and the portable loops
 //! compute (none can overflow: `super::int13::TILE_MAX_D`, `SUM_CHUNK`), so the bits are
 //! theirs. As the AVX-512 tiles do, the score tiles fold each row's max into lanes as they
-//! store the scores (the softmax then reads no score twice), and the weighted sums of a
-//! short text (one chunk of key pairs) leave their tiles as the finished outputs.
+//! store the scores (the softmax then reads no score twice), the weighted sums of a short
+//! text (one chunk of key pairs) leave their tiles as the finished outputs, and a text
+//! within the window has its softmax rows in one pass ([`softmax_whole`]).
 //!
 //! Each public function checks that the CPU has AVX2 and that every buffer holds what its
 //! loops read or write; the `unsafe` blocks rely on nothing else.
@@ -356,4 +357,143 @@ unsafe fn sum_tile<const R: usize, const N: usize>(
             }
         }
     }
+}
+
+/// `super::bf16`'s int13 softmax of a text within the window (every row's own keys the
+/// first `len` of its `width` scores, its max given in `maxes`) in AVX2, as
+/// `x86_int13::softmax_whole` runs it on AVX-512: each row's blocks of 16 in order, their
+/// exps (`super::bf16::exp2_nonpositive`'s steps) added lane by lane to the row's partial
+/// sums, the last block's lanes past `len` as zeros, weights `rint(4095 · e)`, zero weights
+/// past the last block; each row's `1 / total` from its partial sums added in lane order,
+/// 16 rows side by side. The portable rows' operations in their order: the same bits.
+pub(crate) fn softmax_whole(
+    s: &[f32],
+    width: usize,
+    rows: usize,
+    len: usize,
+    (c, maxes): (f32, &[f32]),
+    p: &mut [u16],
+    inv: &mut [f32],
+) {
+    assert!(available(), "AVX2 tiles on a CPU without them");
+    assert!(width.is_multiple_of(LANES) && len <= width);
+    let size = rows.checked_mul(width).expect("a block of scores");
+    assert!(s.len() >= size && p.len() >= size && maxes.len() >= rows && inv.len() >= rows);
+    // SAFETY: AVX2 (checked above); the body reads and writes through slices only.
+    unsafe { softmax_whole_rows(s, width, rows, len, (c, maxes), p, inv) }
+}
+
+#[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
+fn softmax_whole_rows(
+    s: &[f32],
+    width: usize,
+    rows: usize,
+    len: usize,
+    (c, maxes): (f32, &[f32]),
+    p: &mut [u16],
+    inv: &mut [f32],
+) {
+    let (blocks, whole) = (len.div_ceil(LANES), len / LANES);
+    // The own lanes of a last block that `len` ends in, as masks of each half.
+    let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let own = |h: usize| {
+        let count = (len % LANES).saturating_sub(h * W).min(W) as i32;
+        _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(count), idx))
+    };
+    let tail = [own(0), own(1)];
+    // `columns[i][r % 16]`: lane i of row r's partial sums, for up to 16 rows.
+    let mut columns = [[0.0f32; LANES]; LANES];
+    for r in 0..rows {
+        let cm = (_mm256_set1_ps(c), _mm256_set1_ps(maxes[r] * c));
+        let scores = s[r * width..(r + 1) * width].as_chunks::<LANES>().0;
+        let weights = p[r * width..(r + 1) * width].as_chunks_mut::<LANES>().0;
+        let mut acc = [_mm256_setzero_ps(); 2];
+        for b in 0..blocks {
+            let mut e = exps(&scores[b], cm);
+            if b == whole {
+                e[0] = _mm256_and_ps(e[0], tail[0]);
+                e[1] = _mm256_and_ps(e[1], tail[1]);
+            }
+            acc[0] = _mm256_add_ps(acc[0], e[0]);
+            acc[1] = _mm256_add_ps(acc[1], e[1]);
+            store_weights(&mut weights[b], e);
+        }
+        weights[blocks..].iter_mut().for_each(|w| w.fill(0));
+        let mut partial = [0.0f32; LANES];
+        let (lo, hi) = partial.split_at_mut(W);
+        // SAFETY: each half of `partial` is 8 f32s.
+        unsafe {
+            _mm256_storeu_ps(lo.as_mut_ptr(), acc[0]);
+            _mm256_storeu_ps(hi.as_mut_ptr(), acc[1]);
+        }
+        let at = r % LANES;
+        for (column, &x) in columns.iter_mut().zip(&partial) {
+            column[at] = x;
+        }
+        if at == LANES - 1 || r + 1 == rows {
+            // Lanes past `at` hold an earlier chunk's rows (or zeros): computed, not kept.
+            let mut totals = [0.0f32; LANES];
+            for column in &columns {
+                for (t, &x) in totals.iter_mut().zip(column) {
+                    *t += x;
+                }
+            }
+            for (inv, &total) in inv[r - at..=r].iter_mut().zip(&totals) {
+                *inv = 1.0 / total;
+            }
+        }
+    }
+}
+
+/// The exps of a block of 16 scores, `2^(x · c − max)` in `super::bf16::exp2_nonpositive`'s
+/// steps (no fused multiply-add; `rint` by `vroundps`, as the 1.5 · 2²³ addition rounds
+/// there; 2ⁿ from the exponent bits), two vectors of 8.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn exps(block: &[f32; LANES], (c, max): (__m256, __m256)) -> [__m256; 2] {
+    let [b1, b2, b3, b4] = super::bf16::EXP2_COEFFICIENTS;
+    let (b1, b2, b3, b4) = (
+        _mm256_set1_ps(b1),
+        _mm256_set1_ps(b2),
+        _mm256_set1_ps(b3),
+        _mm256_set1_ps(b4),
+    );
+    // `if −125.5 > y { −125.5 } else { y }`: vmaxps(a, b) is `a > b ? a : b` (a NaN y stays).
+    let floor = _mm256_set1_ps(-125.5);
+    let one = _mm256_set1_ps(1.0);
+    let mut e = [_mm256_setzero_ps(); 2];
+    for (h, e) in e.iter_mut().enumerate() {
+        // SAFETY: 8 of the block's 16 scores.
+        let x = unsafe { _mm256_loadu_ps(block.as_ptr().add(h * W)) };
+        let y = _mm256_max_ps(floor, _mm256_sub_ps(_mm256_mul_ps(x, c), max));
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(y);
+        let f = _mm256_sub_ps(y, n);
+        let mut p = _mm256_mul_ps(f, b4);
+        p = _mm256_mul_ps(f, _mm256_add_ps(b3, p));
+        p = _mm256_mul_ps(f, _mm256_add_ps(b2, p));
+        p = _mm256_mul_ps(f, _mm256_add_ps(b1, p));
+        // 2ⁿ for n in −126..=0 (a normal f32; a NaN y gives some finite n here and a NaN
+        // product, as in the portable steps).
+        let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+            _mm256_cvtps_epi32(n),
+            _mm256_set1_epi32(127),
+        ));
+        *e = _mm256_mul_ps(_mm256_add_ps(one, p), _mm256_castsi256_ps(bits));
+    }
+    e
+}
+
+/// The weights `rint(4095 · e)` of 16 exps into `w` (`vcvtps2dq` rounds to nearest even,
+/// as the portable addition of 1.5 · 2²³ does; 0..=4,095 fit 16 bits).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn store_weights(w: &mut [u16; LANES], e: [__m256; 2]) {
+    let levels = _mm256_set1_ps(super::int13::LEVELS_F32);
+    let lo = _mm256_cvtps_epi32(_mm256_mul_ps(e[0], levels));
+    let hi = _mm256_cvtps_epi32(_mm256_mul_ps(e[1], levels));
+    // packus interleaves the halves by 128-bit lane: quads lo₀₋₃, hi₀₋₃, lo₄₋₇, hi₄₋₇.
+    let words = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(lo, hi));
+    // SAFETY: `w` is 16 u16s, 32 bytes.
+    unsafe { _mm256_storeu_si256(w.as_mut_ptr().cast(), words) };
 }
