@@ -159,7 +159,8 @@ pub(crate) fn unpair(x: u32) -> (i32, i32) {
 
 /// Queries packed: `out[r · d/2 + c] = pair(q[r][2c], q[r][2c + 1])` quantized, for
 /// `rows` rows of `d` (even) at a stride of `stride`, and `scales[r]` each row's scale.
-/// On AVX-512 (`d` a multiple of 32) in vectors of 16 pairs, with the same bits.
+/// On AVX-512 (`d` a multiple of 32) in vectors of 16 pairs, on AVX2 (`d` a multiple of
+/// 16) in vectors of 8, with the same bits.
 pub(crate) fn pack_queries(
     q: &[f32],
     stride: usize,
@@ -172,6 +173,10 @@ pub(crate) fn pack_queries(
     if d.is_multiple_of(2 * LANES) && super::x86_int13::packers_available() {
         return super::x86_int13::pack_queries(q, stride, rows, d, out, scales);
     }
+    #[cfg(target_arch = "x86_64")]
+    if d.is_multiple_of(LANES) && super::x86_int13_avx2::available() {
+        return super::x86_int13_avx2::pack_queries(q, stride, rows, d, out, scales);
+    }
     pack_queries_portable(q, stride, rows, d, out, scales);
 }
 
@@ -180,7 +185,8 @@ pub(crate) fn pack_queries(
 /// the `len` rows of `k` (row `j` is `d` values at `j · stride`, `d` even), 0 past the last
 /// key; `scales[j]` each key's scale (0 past the last). Both are resized to whole groups.
 /// On AVX-512 (`d` a multiple of 32) each key's pairs are made in vectors and 16 keys'
-/// transposed into their lanes in registers, with the same bits.
+/// transposed into their lanes in registers; on AVX2 (`d` a multiple of 16) 8 keys' at a
+/// time; with the same bits.
 pub(crate) fn pack_keys(
     k: &[f32],
     stride: usize,
@@ -193,6 +199,10 @@ pub(crate) fn pack_keys(
     if d.is_multiple_of(2 * LANES) && super::x86_int13::packers_available() {
         return super::x86_int13::pack_keys(k, stride, len, d, out, scales);
     }
+    #[cfg(target_arch = "x86_64")]
+    if d.is_multiple_of(LANES) && super::x86_int13_avx2::available() {
+        return super::x86_int13_avx2::pack_keys(k, stride, len, d, out, scales);
+    }
     pack_keys_portable(k, stride, len, d, out, scales);
 }
 
@@ -200,7 +210,8 @@ pub(crate) fn pack_keys(
 /// `out[p · d + c] = pair(v[2p][c], v[2p + 1][c])` quantized per channel over the `len`
 /// keys, a zero for the key past the last of an odd `len`; `scales[c]` each channel's
 /// scale with the weights' `1 / L` (see the module's definition). On AVX-512 (`d` a
-/// multiple of 16) in vectors of 16 channels, with the same bits.
+/// multiple of 16) in vectors of 16 channels, on AVX2 (`d` a multiple of 8) of 8, with the
+/// same bits.
 pub(crate) fn pack_values(
     v: &[f32],
     stride: usize,
@@ -212,6 +223,10 @@ pub(crate) fn pack_values(
     #[cfg(target_arch = "x86_64")]
     if d.is_multiple_of(LANES) && super::x86_int13::packers_available() {
         return super::x86_int13::pack_values(v, stride, len, d, out, scales);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if d.is_multiple_of(LANES / 2) && super::x86_int13_avx2::available() {
+        return super::x86_int13_avx2::pack_values(v, stride, len, d, out, scales);
     }
     pack_values_portable(v, stride, len, d, out, scales);
 }
@@ -1003,14 +1018,14 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
-        /// The packers this CPU runs (AVX-512's vectors and transposes where it has them)
-        /// give the portable packers' bytes and scales, on texts of one key to past two
-        /// groups, strided rows, heads of 32 to 128 channels (and 16 and 48 for the
-        /// values), with rows of zeros, a NaN and infinities.
+        /// The packers this CPU runs (AVX-512's vectors and transposes where it has them),
+        /// and AVX2's where it has AVX2, give the portable packers' bytes and scales, on
+        /// texts of one key to past two groups, strided rows, heads of 8 to 128 channels,
+        /// with rows of zeros, a NaN and infinities.
         #[test]
         fn packers_give_the_portable_bytes(
             len in 1usize..=40,
-            d in prop_oneof![Just(32usize), Just(64usize), Just(128usize), Just(16usize), Just(48usize)],
+            d in prop_oneof![Just(32usize), Just(64usize), Just(128usize), Just(16usize), Just(48usize), Just(8usize), Just(24usize)],
             pad in 0usize..5,
             specials in proptest::collection::vec((any::<usize>(), 0u8..4), 0..4),
             seed in any::<u64>(),
@@ -1052,6 +1067,28 @@ mod tests {
             pack_values(&x, stride, len, d, &mut v, &mut sv);
             pack_values_portable(&x, stride, len, d, &mut v0, &mut sv0);
             prop_assert_eq!((&v[..], bits(&sv)), (&v0[..], bits(&sv0)));
+            // AVX2's packers (the dispatchers above take AVX-512's where the CPU has them).
+            #[cfg(target_arch = "x86_64")]
+            if super::super::x86_int13_avx2::available() {
+                use super::super::x86_int13_avx2 as avx2;
+                if d.is_multiple_of(LANES) {
+                    let (mut q, mut sq, mut q0, mut sq0) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                    avx2::pack_queries(&other, stride, 40, d, &mut q, &mut sq);
+                    avx2::pack_queries(&x, stride, len, d, &mut q, &mut sq);
+                    pack_queries_portable(&x, stride, len, d, &mut q0, &mut sq0);
+                    prop_assert_eq!((&q, bits(&sq)), (&q0, bits(&sq0)), "AVX2 queries");
+                    let (mut k, mut sk) = (Aligned::default(), Aligned::default());
+                    let (mut k0, mut sk0) = (Aligned::default(), Aligned::default());
+                    avx2::pack_keys(&other, stride, 40, d, &mut k, &mut sk);
+                    avx2::pack_keys(&x, stride, len, d, &mut k, &mut sk);
+                    pack_keys_portable(&x, stride, len, d, &mut k0, &mut sk0);
+                    prop_assert_eq!((&k[..], bits(&sk)), (&k0[..], bits(&sk0)), "AVX2 keys");
+                }
+                let (mut v, mut sv) = (Aligned::default(), Vec::new());
+                avx2::pack_values(&other, stride, 40, d, &mut v, &mut sv);
+                avx2::pack_values(&x, stride, len, d, &mut v, &mut sv);
+                prop_assert_eq!((&v[..], bits(&sv)), (&v0[..], bits(&sv0)), "AVX2 values");
+            }
         }
     }
 

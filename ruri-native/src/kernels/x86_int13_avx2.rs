@@ -7,15 +7,20 @@
 //! theirs. As the AVX-512 tiles do, the score tiles fold each row's max into lanes as they
 //! store the scores (the softmax then reads no score twice), the weighted sums of a short
 //! text (one chunk of key pairs) leave their tiles as the finished outputs, and a text
-//! within the window has its softmax rows in one pass ([`softmax_whole`]).
+//! within the window has its softmax rows in one pass ([`softmax_whole`]). Its packers of
+//! q, k and v ([`pack_queries`], [`pack_keys`], [`pack_values`]) run on x86 CPUs with AVX2
+//! and without AVX-512BW (8 keys' pairs transposed in registers at a time).
 //!
 //! Each public function checks that the CPU has AVX2 and that every buffer holds what its
 //! loops read or write; the `unsafe` blocks rely on nothing else.
 
 use std::arch::x86_64::*;
 
+use super::aligned::Aligned;
 use super::bf16::LANES;
-use super::int13::{Finish, SUM_CHUNK, TILE_MAX_D, scores_fit, sum_tiles, weighted_sum_fits};
+use super::int13::{Finish, LEVELS_F32, SUM_CHUNK, TILE_MAX_D, scores_fit, sum_tiles};
+use super::int13::{abs_bits, group_quantizers, prefetch_ahead, quantizers, weighted_sum_fits};
+use super::simd_f32::holds_rows;
 
 /// i32 lanes of a vector.
 const W: usize = 8;
@@ -496,4 +501,293 @@ fn store_weights(w: &mut [u16; LANES], e: [__m256; 2]) {
     let words = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(lo, hi));
     // SAFETY: `w` is 16 u16s, 32 bytes.
     unsafe { _mm256_storeu_si256(w.as_mut_ptr().cast(), words) };
+}
+
+/// `super::int13::pack_queries` in AVX2 vectors (for CPUs without AVX-512BW); `d` a
+/// multiple of 16. The portable packer's bytes.
+pub(crate) fn pack_queries(
+    q: &[f32],
+    stride: usize,
+    rows: usize,
+    d: usize,
+    out: &mut Vec<u32>,
+    scales: &mut Vec<f32>,
+) {
+    assert!(available(), "AVX2 packers on a CPU without them");
+    assert!(d.is_multiple_of(LANES) && holds_rows(q.len(), rows, stride, d));
+    // SAFETY: AVX2 (checked above); the body reads and writes through slices only.
+    unsafe { pack_queries_avx2(q, stride, rows, d, out, scales) }
+}
+
+#[target_feature(enable = "avx2")]
+fn pack_queries_avx2(
+    q: &[f32],
+    stride: usize,
+    rows: usize,
+    d: usize,
+    out: &mut Vec<u32>,
+    scales: &mut Vec<f32>,
+) {
+    let half = d / 2;
+    // Every value is written below: the buffers are sized, not cleared.
+    out.resize(rows * half, 0);
+    scales.resize(rows.next_multiple_of(LANES), 0.0);
+    let mut t = [0.0f32; LANES];
+    for (g, s) in scales.as_chunks_mut::<LANES>().0.iter_mut().enumerate() {
+        let (first, n) = (g * LANES, (rows - g * LANES).min(LANES));
+        group_quantizers(q, stride, (first, n), d, &mut t, s);
+        for (i, &t) in t.iter().enumerate().take(n) {
+            let r = first + i;
+            let row = q[r * stride..r * stride + d].as_chunks::<LANES>().0;
+            let o = out[r * half..(r + 1) * half].as_chunks_mut::<W>().0;
+            for (o, x) in o.iter_mut().zip(row) {
+                store_u32(o, quantize_pairs(x, _mm256_set1_ps(t)));
+            }
+        }
+    }
+    scales.truncate(rows);
+}
+
+/// `super::int13::pack_keys` in AVX2 vectors (for CPUs without AVX-512BW); `d` a multiple
+/// of 16. The portable packer's bytes.
+pub(crate) fn pack_keys(
+    k: &[f32],
+    stride: usize,
+    len: usize,
+    d: usize,
+    out: &mut Aligned<u32>,
+    scales: &mut Aligned<f32>,
+) {
+    assert!(available(), "AVX2 packers on a CPU without them");
+    assert!(d.is_multiple_of(LANES) && holds_rows(k.len(), len, stride, d));
+    // SAFETY: AVX2 (checked above); the body reads and writes through slices only.
+    unsafe { pack_keys_avx2(k, stride, len, d, out, scales) }
+}
+
+#[target_feature(enable = "avx2")]
+fn pack_keys_avx2(
+    k: &[f32],
+    stride: usize,
+    len: usize,
+    d: usize,
+    out: &mut Aligned<u32>,
+    scales: &mut Aligned<f32>,
+) {
+    let half = d / 2;
+    let groups = len.div_ceil(LANES);
+    // Every value is written below (zeros past the last key): sized, not cleared.
+    out.resize_for_overwrite(groups * half * LANES);
+    scales.resize_for_overwrite(groups * LANES);
+    let mut t = [0.0f32; LANES];
+    let groups_out = out.chunks_exact_mut(half * LANES);
+    for ((g, s), lanes) in scales
+        .as_chunks_mut::<LANES>()
+        .0
+        .iter_mut()
+        .enumerate()
+        .zip(groups_out)
+    {
+        let (first, n) = (g * LANES, (len - g * LANES).min(LANES));
+        group_quantizers(k, stride, (first, n), d, &mut t, s);
+        // 8 pairs of each of the group's keys in a vector (zeros past the last key); the
+        // group's keys 0–7, then 8–15, transposed: a vector for each pair, its lanes the
+        // keys, the two halves of the pair's 16 lanes.
+        for (c, lanes) in lanes.chunks_exact_mut(W * LANES).enumerate() {
+            let mut keys = [_mm256_setzero_si256(); LANES];
+            for ((key, &t), j) in keys.iter_mut().zip(&t).take(n).zip(first..) {
+                let x = &k[j * stride + 2 * c * W..j * stride + 2 * (c + 1) * W];
+                let x: &[f32; LANES] = x.try_into().expect("16 values");
+                *key = quantize_pairs(x, _mm256_set1_ps(t));
+            }
+            let (lo, hi) = keys.split_at(W);
+            let (lo, hi) = (transpose8(lo), transpose8(hi));
+            let pairs = lanes.as_chunks_mut::<W>().0;
+            for (p, o) in pairs.chunks_exact_mut(2).enumerate() {
+                store_u32(&mut o[0], lo[p]);
+                store_u32(&mut o[1], hi[p]);
+            }
+        }
+    }
+}
+
+/// `super::int13::pack_values` in AVX2 vectors (for CPUs without AVX-512BW); `d` a
+/// multiple of 8. The portable packer's bytes.
+pub(crate) fn pack_values(
+    v: &[f32],
+    stride: usize,
+    len: usize,
+    d: usize,
+    out: &mut Aligned<u32>,
+    scales: &mut Vec<f32>,
+) {
+    assert!(available(), "AVX2 packers on a CPU without them");
+    assert!(d.is_multiple_of(W) && holds_rows(v.len(), len, stride, d));
+    // SAFETY: AVX2 (checked above); the body reads and writes through slices only.
+    unsafe { pack_values_avx2(v, stride, len, d, out, scales) }
+}
+
+#[target_feature(enable = "avx2")]
+fn pack_values_avx2(
+    v: &[f32],
+    stride: usize,
+    len: usize,
+    d: usize,
+    out: &mut Aligned<u32>,
+    scales: &mut Vec<f32>,
+) {
+    let row = |j: usize| &v[j * stride..j * stride + d];
+    // As the portable packer: the channels' scales, and past them their largest magnitudes'
+    // bits, then their multipliers (every value written below: sized, not cleared).
+    scales.resize(2 * d, 0.0);
+    let (s, t) = scales.split_at_mut(d);
+    // The maxes of up to MAX_VECTORS vectors of channels in registers, key after key.
+    let abs = _mm256_set1_epi32(0x7fff_ffff);
+    for (c, m) in t.chunks_mut(MAX_VECTORS * W).enumerate() {
+        let lo = c * MAX_VECTORS * W;
+        let mut acc = [_mm256_setzero_si256(); MAX_VECTORS];
+        for j in 0..len {
+            if c == 0 {
+                prefetch_ahead(v, j, stride, d);
+            }
+            let x = row(j)[lo..lo + m.len()].as_chunks::<W>().0;
+            for (a, x) in acc.iter_mut().zip(x) {
+                *a = _mm256_max_epu32(*a, _mm256_and_si256(load_bits(x), abs));
+            }
+        }
+        for (m, &a) in m.as_chunks_mut::<W>().0.iter_mut().zip(&acc) {
+            store_f32(m, _mm256_castsi256_ps(a));
+        }
+    }
+    debug_assert!(t.iter().all(|m| m.to_bits() == abs_bits(*m)));
+    quantizers(t, s);
+    s.iter_mut().for_each(|s| *s /= LEVELS_F32);
+    out.resize_for_overwrite(len.div_ceil(2) * d);
+    let t = t.as_chunks::<W>().0;
+    let low = _mm256_set1_epi32(0xffff);
+    for (p, o) in out.chunks_exact_mut(d).enumerate() {
+        let even = row(2 * p).as_chunks::<W>().0;
+        let odd = if 2 * p + 1 < len {
+            Some(row(2 * p + 1).as_chunks::<W>().0)
+        } else {
+            None
+        };
+        for (c, o) in o.as_chunks_mut::<W>().0.iter_mut().enumerate() {
+            let m = load_f32(&t[c]);
+            let even = quantize(load_f32(&even[c]), m);
+            // (A match, not a closure: a closure is compiled without this function's
+            // features.)
+            let odd = match odd {
+                Some(x) => quantize(load_f32(&x[c]), m),
+                None => _mm256_setzero_si256(),
+            };
+            let pairs = _mm256_or_si256(_mm256_and_si256(even, low), _mm256_slli_epi32::<16>(odd));
+            store_u32(o, pairs);
+        }
+    }
+    scales.truncate(d);
+}
+
+/// Vectors of channels whose largest magnitudes [`pack_values`] keeps in registers at once.
+const MAX_VECTORS: usize = 8;
+
+/// `super::int13::quantize` of 8 values: `x · t` clamped to ±L (as `f32::clamp`: a NaN
+/// stays NaN), plus 1.5 · 2²³, the integer read from the sum's bits (in the low 16 bits of
+/// each lane, as the portable packers' `as i16` reads it).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn quantize(x: __m256, t: __m256) -> __m256i {
+    let magic = crate::math::ROUND_MAGIC;
+    let y = _mm256_mul_ps(x, t);
+    // vmaxps(a, b) is `a > b ? a : b` and vminps(a, b) `a < b ? a : b`: a NaN in y is kept.
+    let y = _mm256_max_ps(_mm256_set1_ps(-LEVELS_F32), y);
+    let y = _mm256_min_ps(_mm256_set1_ps(LEVELS_F32), y);
+    let y = _mm256_add_ps(y, _mm256_set1_ps(magic));
+    _mm256_sub_epi32(
+        _mm256_castps_si256(y),
+        _mm256_set1_epi32(magic.to_bits() as i32),
+    )
+}
+
+/// 16 values quantized with the multiplier `t` as 8 pairs: `pair(x[2c], x[2c + 1])` in
+/// lane `c` (each i32 cut to its low 16 bits, the 16 in order).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn quantize_pairs(x: &[f32; LANES], t: __m256) -> __m256i {
+    let (a, b) = x.split_at(W);
+    let low = _mm256_set1_epi32(0xffff);
+    let a = _mm256_and_si256(quantize(load_f32(a.try_into().expect("8")), t), low);
+    let b = _mm256_and_si256(quantize(load_f32(b.try_into().expect("8")), t), low);
+    // packus takes the (now unsigned 16-bit) lanes exactly, interleaving the halves by
+    // 128-bit lane: quads a₀₋₃, b₀₋₃, a₄₋₇, b₄₋₇.
+    _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(a, b))
+}
+
+/// The 8 × 8 transpose of 32-bit lanes: lane `i` of output `c` is lane `c` of input `i`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn transpose8(rows: &[__m256i]) -> [__m256i; W] {
+    let r: [__m256i; W] = rows.try_into().expect("8 vectors");
+    // Pairs of rows interleaved by 32 bits, then by 64, then the 128-bit halves swapped.
+    let a = [
+        _mm256_unpacklo_epi32(r[0], r[1]),
+        _mm256_unpackhi_epi32(r[0], r[1]),
+        _mm256_unpacklo_epi32(r[2], r[3]),
+        _mm256_unpackhi_epi32(r[2], r[3]),
+        _mm256_unpacklo_epi32(r[4], r[5]),
+        _mm256_unpackhi_epi32(r[4], r[5]),
+        _mm256_unpacklo_epi32(r[6], r[7]),
+        _mm256_unpackhi_epi32(r[6], r[7]),
+    ];
+    let b = [
+        _mm256_unpacklo_epi64(a[0], a[2]),
+        _mm256_unpackhi_epi64(a[0], a[2]),
+        _mm256_unpacklo_epi64(a[1], a[3]),
+        _mm256_unpackhi_epi64(a[1], a[3]),
+        _mm256_unpacklo_epi64(a[4], a[6]),
+        _mm256_unpackhi_epi64(a[4], a[6]),
+        _mm256_unpacklo_epi64(a[5], a[7]),
+        _mm256_unpackhi_epi64(a[5], a[7]),
+    ];
+    [
+        _mm256_permute2x128_si256::<0x20>(b[0], b[4]),
+        _mm256_permute2x128_si256::<0x20>(b[1], b[5]),
+        _mm256_permute2x128_si256::<0x20>(b[2], b[6]),
+        _mm256_permute2x128_si256::<0x20>(b[3], b[7]),
+        _mm256_permute2x128_si256::<0x31>(b[0], b[4]),
+        _mm256_permute2x128_si256::<0x31>(b[1], b[5]),
+        _mm256_permute2x128_si256::<0x31>(b[2], b[6]),
+        _mm256_permute2x128_si256::<0x31>(b[3], b[7]),
+    ]
+}
+
+/// 8 f32.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn load_f32(x: &[f32; W]) -> __m256 {
+    // SAFETY: 8 values.
+    unsafe { _mm256_loadu_ps(x.as_ptr()) }
+}
+
+/// 8 lanes' bits.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn load_bits(x: &[f32; W]) -> __m256i {
+    // SAFETY: 8 values.
+    unsafe { _mm256_loadu_si256(x.as_ptr().cast()) }
+}
+
+/// `v` into `o`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn store_f32(o: &mut [f32; W], v: __m256) {
+    // SAFETY: 8 values.
+    unsafe { _mm256_storeu_ps(o.as_mut_ptr(), v) }
+}
+
+/// `v`'s lanes into `o`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn store_u32(o: &mut [u32; W], v: __m256i) {
+    // SAFETY: 8 values.
+    unsafe { _mm256_storeu_si256(o.as_mut_ptr().cast(), v) }
 }
