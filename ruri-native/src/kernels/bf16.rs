@@ -1253,11 +1253,7 @@ fn softmax_rows<const INT13: bool>(
     let c = scale * std::f32::consts::LOG2_E;
     assert!(p.len() >= rows * width && inv.len() >= rows);
     assert!(maxes.is_none_or(|m| m.len() >= rows));
-    // Each row's partial sums, by lane, for up to 16 rows: `columns[i][r % 16]` is lane `i`
-    // of row `r`. A row's total is its lanes added in order, `((0 + p₀) + p₁) + …`; the
-    // totals of 16 rows are taken side by side, a vector addition a lane (a row's 16
-    // dependent additions one after another, and its division, were most of a short text's
-    // softmax).
+    // Each row's partial sums, by lane, for up to 16 rows ([`row_totals`]).
     let mut columns = [[0.0f32; LANES]; LANES];
     for (r, &(lo, hi)) in own.iter().enumerate() {
         assert!(lo <= hi && hi <= width);
@@ -1316,21 +1312,37 @@ fn softmax_rows<const INT13: bool>(
         }
         weights[..b_lo].iter_mut().for_each(|w| w.fill(0));
         weights[b_hi..].iter_mut().for_each(|w| w.fill(0));
-        let at = r % LANES;
-        for (column, &x) in columns.iter_mut().zip(&partial) {
-            column[at] = x;
+        row_totals(&mut columns, &partial, (r, rows), inv);
+    }
+}
+
+/// Row `r`'s partial sums (of `rows`) into `columns` (`columns[i][r % 16]` is lane `i`),
+/// and after the 16th row of a group, or the last row, each of the group's rows' `1 /
+/// total` into `inv`: a row's total is its lanes added in order, `((0 + p₀) + p₁) + …`, and
+/// the totals of 16 rows are taken side by side, a vector addition a lane (a row's 16
+/// dependent additions one after another, and its division, were most of a short text's
+/// softmax). The softmax's rows here and `x86_int13_avx2`'s one-pass rows end with it.
+#[inline(always)]
+pub(super) fn row_totals(
+    columns: &mut [[f32; LANES]; LANES],
+    partial: &[f32; LANES],
+    (r, rows): (usize, usize),
+    inv: &mut [f32],
+) {
+    let at = r % LANES;
+    for (column, &x) in columns.iter_mut().zip(partial) {
+        column[at] = x;
+    }
+    if at == LANES - 1 || r + 1 == rows {
+        // Lanes past `at` hold an earlier chunk's rows (or zeros): computed, not kept.
+        let mut totals = [0.0f32; LANES];
+        for column in columns.iter() {
+            for (t, &x) in totals.iter_mut().zip(column) {
+                *t += x;
+            }
         }
-        if at == LANES - 1 || r + 1 == rows {
-            // Lanes past `at` hold an earlier chunk's rows (or zeros): computed, not kept.
-            let mut totals = [0.0f32; LANES];
-            for column in &columns {
-                for (t, &x) in totals.iter_mut().zip(column) {
-                    *t += x;
-                }
-            }
-            for (inv, &total) in inv[r - at..=r].iter_mut().zip(&totals) {
-                *inv = 1.0 / total;
-            }
+        for (inv, &total) in inv[r - at..=r].iter_mut().zip(&totals) {
+            *inv = 1.0 / total;
         }
     }
 }

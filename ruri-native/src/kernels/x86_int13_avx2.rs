@@ -407,7 +407,7 @@ fn softmax_whole_rows(
         _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(count), idx))
     };
     let tail = [own(0), own(1)];
-    // `columns[i][r % 16]`: lane i of row r's partial sums, for up to 16 rows.
+    // Lane i of row r's partial sums at `columns[i][r % 16]`, for up to 16 rows.
     let mut columns = [[0.0f32; LANES]; LANES];
     for r in 0..rows {
         let cm = (_mm256_set1_ps(c), _mm256_set1_ps(maxes[r] * c));
@@ -432,22 +432,7 @@ fn softmax_whole_rows(
             _mm256_storeu_ps(lo.as_mut_ptr(), acc[0]);
             _mm256_storeu_ps(hi.as_mut_ptr(), acc[1]);
         }
-        let at = r % LANES;
-        for (column, &x) in columns.iter_mut().zip(&partial) {
-            column[at] = x;
-        }
-        if at == LANES - 1 || r + 1 == rows {
-            // Lanes past `at` hold an earlier chunk's rows (or zeros): computed, not kept.
-            let mut totals = [0.0f32; LANES];
-            for column in &columns {
-                for (t, &x) in totals.iter_mut().zip(column) {
-                    *t += x;
-                }
-            }
-            for (inv, &total) in inv[r - at..=r].iter_mut().zip(&totals) {
-                *inv = 1.0 / total;
-            }
-        }
+        super::bf16::row_totals(&mut columns, &partial, (r, rows), inv);
     }
 }
 
