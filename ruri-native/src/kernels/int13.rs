@@ -530,8 +530,15 @@ fn weighted_sum_body(
         d
     ));
     // Row by row, channel vectors side by side: each key pair's products added to the
-    // chunk's i32 sums, which go to i64 after each chunk of pairs.
-    let mut chunk = vec![0i32; d];
+    // chunk's i32 sums, which go to i64 after each chunk of pairs (on the stack for heads
+    // up to the tiles' width: this is every head's path on CPUs without tiles).
+    let (mut stack, mut heap) = ([0i32; TILE_MAX_D], Vec::new());
+    let chunk: &mut [i32] = if d <= TILE_MAX_D {
+        &mut stack[..d]
+    } else {
+        heap.resize(d, 0);
+        &mut heap
+    };
     for r in 0..rows {
         let o = &mut out[r * d..(r + 1) * d];
         o.fill(0);
@@ -545,7 +552,7 @@ fn weighted_sum_body(
                     *a += w0 * v0 + w1 * v1;
                 }
             }
-            for (o, &a) in o.iter_mut().zip(&chunk) {
+            for (o, &a) in o.iter_mut().zip(chunk.iter()) {
                 *o += i64::from(a);
             }
         }
