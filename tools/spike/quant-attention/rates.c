@@ -1,7 +1,8 @@
 // One core's rates of attention's candidate instructions (BENCHMARKS.md, twenty-first step):
 // 12 independent accumulators on registers, 50 M iterations, for `vpdpbusd`, `vpdpwssd`,
-// `vfmadd231ps`, `vpmaddwd` and `vdpbf16ps` on zmm, and `vpdpwssd` (AVX-VNNI) and
-// `vfmadd231ps` on ymm: instructions a second, from which multiply-adds a second follow
+// `vfmadd231ps`, `vpmaddwd` and `vdpbf16ps` on zmm, and `vpdpwssd` (AVX-VNNI),
+// `vfmadd231ps`, `vpmaddwd` and `vpaddd` on ymm (the AVX2 int8 kernel's and int13 tiles'
+// pair): instructions a second, from which multiply-adds a second follow
 // (zmm: vpdpwssd 32 a instruction, vfmadd231ps 16, vpdpbusd 64, vdpbf16ps 32). A check, not
 // part of any build:
 //
@@ -45,6 +46,8 @@ int main(void) {
     RATE("vdpbf16ps", "zmm", "vdpbf16ps zmm");
     RATE("vpdpwssd", "ymm", "vpdpwssd ymm");
     RATE("vfmadd231ps", "ymm", "vfmadd231ps ymm");
+    RATE("vpmaddwd", "ymm", "vpmaddwd ymm");
+    RATE("vpaddd", "ymm", "vpaddd ymm");
   }
   return 0;
 }
