@@ -161,19 +161,36 @@ unsafe fn score_tile<const R: usize>(
             if max.is_null() {
                 continue;
             }
-            let count = valid.saturating_sub(n * W).min(W) as i32;
-            let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-            let in_range = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(count), idx));
             // SAFETY: lanes 8n..8n + 8 of row r's 16 maxes (see the caller).
             unsafe {
                 let slot = max.add(r * LANES + n * W);
                 let m = _mm256_loadu_ps(slot);
-                // `a > m` (false for a NaN score) and the key counted: a, else m.
-                let take = _mm256_and_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(a, m), in_range);
-                _mm256_storeu_ps(slot, _mm256_blendv_ps(m, a, take));
+                _mm256_storeu_ps(slot, fold_max(m, a, valid.saturating_sub(n * W)));
             }
         }
     }
+}
+
+/// Lanes `0..count` (all 8 from `count` = 8 on) set, as a float mask.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn first_lanes(count: usize) -> __m256 {
+    let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let count = _mm256_set1_epi32(count.min(W) as i32);
+    _mm256_castsi256_ps(_mm256_cmpgt_epi32(count, idx))
+}
+
+/// 8 lanes of a row's maxes `m` with the scores `x` of its first `count` lanes folded in:
+/// `x > m ? x : m` (a NaN score keeps the lane, as the softmax's own max does); lanes from
+/// `count` on enter as −∞, which keeps them too. (A blend of the loaded lanes with the
+/// scores compiled to masked stores, `vmaskmovps`, which the next load of the lanes waited
+/// on: int13's AVX2 score tiles took twice their time that way.)
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn fold_max(m: __m256, x: __m256, count: usize) -> __m256 {
+    let below = _mm256_set1_ps(f32::NEG_INFINITY);
+    // vmaxps(a, b) is `a > b ? a : b`.
+    _mm256_max_ps(_mm256_blendv_ps(below, x, first_lanes(count)), m)
 }
 
 /// [`super::bf16::Products::weighted_sum`] with FMA, where the operands allow it: `false`,

@@ -21,6 +21,7 @@ use super::bf16::LANES;
 use super::int13::{Finish, LEVELS_F32, SUM_CHUNK, TILE_MAX_D, scores_fit, sum_tiles};
 use super::int13::{abs_bits, group_quantizers, prefetch_ahead, quantizers, weighted_sum_fits};
 use super::simd_f32::holds_rows;
+use super::x86_bf16_avx2::{first_lanes, fold_max};
 
 /// i32 lanes of a vector.
 const W: usize = 8;
@@ -186,12 +187,8 @@ unsafe fn score_tile<const R: usize, const N: usize>(
     if max.is_null() {
         return;
     }
-    // Each row's two vectors of lanes read once, the tile's groups folded in, stored once.
-    // `max(x, m)` is `x > m ? x : m` (a NaN score keeps the lane); keys past `valid` enter
-    // as −∞, which keeps it too. (A blend of the loaded lanes compiled to masked stores,
-    // which the next load of the lanes waited on.)
-    let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    let below = _mm256_set1_ps(f32::NEG_INFINITY);
+    // Each row's two vectors of lanes read once, the tile's groups folded in
+    // (`x86_bf16_avx2::fold_max`), stored once.
     for (r, scores) in scores.iter().enumerate() {
         for h in 0..2 {
             // SAFETY: lanes 8h..8h + 8 of row r's 16 maxes (the caller's sizes).
@@ -199,10 +196,8 @@ unsafe fn score_tile<const R: usize, const N: usize>(
                 let slot = max.add(r * LANES + h * W);
                 let mut lanes = _mm256_loadu_ps(slot);
                 for (n, score) in scores.iter().enumerate() {
-                    let count = valid.saturating_sub(n * LANES + h * W).min(W) as i32;
-                    let counted = _mm256_cmpgt_epi32(_mm256_set1_epi32(count), idx);
-                    let x = _mm256_blendv_ps(below, score[h], _mm256_castsi256_ps(counted));
-                    lanes = _mm256_max_ps(x, lanes);
+                    let count = valid.saturating_sub(n * LANES + h * W);
+                    lanes = fold_max(lanes, score[h], count);
                 }
                 _mm256_storeu_ps(slot, lanes);
             }
@@ -401,12 +396,10 @@ fn softmax_whole_rows(
 ) {
     let (blocks, whole) = (len.div_ceil(LANES), len / LANES);
     // The own lanes of a last block that `len` ends in, as masks of each half.
-    let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    let own = |h: usize| {
-        let count = (len % LANES).saturating_sub(h * W).min(W) as i32;
-        _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(count), idx))
-    };
-    let tail = [own(0), own(1)];
+    let tail = [
+        first_lanes(len % LANES),
+        first_lanes((len % LANES).saturating_sub(W)),
+    ];
     // Lane i of row r's partial sums at `columns[i][r % 16]`, for up to 16 rows.
     let mut columns = [[0.0f32; LANES]; LANES];
     for r in 0..rows {
