@@ -110,8 +110,8 @@
 //!   channel's scale (divided by 4,095 once more), times `1 / total`.
 //!
 //! Every sum is an integer computed exactly, so the order of the sums does not matter: the
-//! tiles (AVX-512 VNNI's, AVX2's `vpmaddwd`, WebAssembly simd128's `i32x4.dot_i16x8_s`) and
-//! the portable loops (aarch64, the scalar kernel) give the same bits, and a
+//! tiles (AVX-512 VNNI's, AVX2's `vpmaddwd`, aarch64 NEON's `smlal`, WebAssembly simd128's
+//! `i32x4.dot_i16x8_s`) and the portable loops (the scalar kernel) give the same bits, and a
 //! text's vector is the same alone, in any batch, on any thread count
 //! (`tools/testdata/int8_reference.py --attention int13` writes the definition in NumPy; the
 //! engine matches it bit for bit). What it costs in accuracy: min cosine 0.9999994 to f32
@@ -766,7 +766,8 @@ pub enum AttentionPrecision {
     /// attention on a long text where the CPU has that instruction, and closer to f32
     /// attention than [`Bf16`](Self::Bf16) (BENCHMARKS.md, twenty-first step). The sums are
     /// exact integers, so the bits are the same on every CPU and in any order of the sums;
-    /// CPUs without the instruction run portable loops. Every text takes it, short or long.
+    /// other CPUs run the same exact products with AVX2's `vpmaddwd`, NEON's `smlal` or
+    /// simd128's `i32x4.dot_i16x8_s`. Every text takes it, short or long.
     /// int8's default. See the crate's documentation for the exact definition.
     Int13,
 }

@@ -12,7 +12,8 @@
 # Then, each under `qemu-aarch64 -cpu max` (FEAT_DotProd and FEAT_I8MM) unless said:
 #
 # 1. ruri-native's tests on the committed tiny model: the lib's unit tests (the kernel
-#    property tests: every available kernel equals the scalar one; the linear tests),
+#    property tests: every available kernel equals the scalar one, int13 attention's NEON
+#    tiles equal its definition and portable loops; the linear tests),
 #    parity.rs (int8 bits equal on every kernel, batch and thread count; NumPy's reference),
 #    kernel_env.rs, with the fastest kernel (i8mm); then the parity tests that
 #    take the kernel from RURI_KERNEL again with RURI_KERNEL=dotprod and RURI_KERNEL=scalar.

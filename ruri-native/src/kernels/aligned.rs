@@ -75,6 +75,7 @@ impl<T: Copy + Default> Aligned<T> {
 
     /// `len` values, whatever they held (`T::default()` where the buffer grows): for a
     /// caller that writes each value before it reads it, and so needs no fill.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // the x86 packers'
     pub(crate) fn resize_for_overwrite(&mut self, len: usize) {
         if self.start + len > self.buf.len() {
             let mut grown = Self::zeroed(len.max(2 * self.len));

@@ -616,8 +616,9 @@ pub(crate) struct SumTile {
 /// multiple of `narrow`), in the order the tiles run them: chunk by chunk of [`SUM_CHUNK`]
 /// pairs (a chunk's values stay in L1 while every tile of rows goes over them), rows `mr`
 /// at a time (the rest one by one), channels `wide` at a time (the rest `narrow`). The
-/// drivers of `x86_int13`, `x86_int13_avx2` and `wasm_int13` share this walk and call their
-/// tiles themselves: a tile passed as a closure would lose their target features.
+/// drivers of `x86_int13`, `x86_int13_avx2`, `wasm_int13` and `aarch64_int13` share this walk
+/// and call their tiles themselves: a tile passed as a closure would lose their target
+/// features.
 pub(crate) fn sum_tiles(
     rows: usize,
     pairs: usize,
@@ -707,6 +708,9 @@ pub(crate) enum Products {
     /// `wasm_int13`'s `i32x4.dot_i16x8_s` tiles (WebAssembly built with simd128).
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     Simd128,
+    /// `aarch64_int13`'s `smlal` tiles (NEON: every aarch64 CPU).
+    #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+    Neon,
 }
 
 impl Products {
@@ -727,16 +731,20 @@ impl Products {
             Products::Avx2 => "avx2",
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
             Products::Simd128 => "simd128",
+            #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+            Products::Neon => "neon",
         }
     }
 
     /// Every variant this CPU runs, slowest first: the portable loops, the AVX2 tiles, the
-    /// AVX-512 VNNI tiles (or simd128's, in a WebAssembly build with it).
+    /// AVX-512 VNNI tiles (or simd128's, in a WebAssembly build with it; NEON's on aarch64).
     pub(crate) fn all() -> Vec<Self> {
-        #[allow(unused_mut)] // tiles only on x86-64 and simd128
+        #[allow(unused_mut)] // tiles only on x86-64, aarch64 and simd128
         let mut all = vec![Products::Portable];
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
         all.push(Products::Simd128);
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        all.push(Products::Neon);
         #[cfg(target_arch = "x86_64")]
         {
             if super::x86_int13_avx2::available() {
@@ -781,6 +789,10 @@ impl Products {
                     Products::Simd128 if d <= TILE_MAX_D => {
                         super::wasm_int13::scores(q, sq, rows, d, kt, sk, g_lo, groups, out)
                     }
+                    #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+                    Products::Neon if d <= TILE_MAX_D => {
+                        super::aarch64_int13::scores(q, sq, rows, d, kt, sk, g_lo, groups, out)
+                    }
                     _ => scores_portable(q, sq, rows, d, kt, sk, g_lo, groups, out),
                 }
                 if let Some((max, keys)) = row_max {
@@ -795,7 +807,7 @@ impl Products {
     /// `out[r][c]` (rows of `d`, consecutive) = the exact `Σ_j p[r][j] · v[j][c]` over key
     /// pairs `pair_lo..pair_lo + pairs` of the values (`v` from [`pack_values`]; `p`: a
     /// weight per key from the block's first pair, rows `p_row` apart). Written, not added
-    /// to. The tiles take `d` a multiple of 16 (AVX2's: of 8; simd128's: of 4); other widths
+    /// to. The tiles take `d` a multiple of 16 (AVX2's: of 8; simd128's and NEON's: of 4); other widths
     /// run the portable loops.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn weighted_sum(
@@ -821,6 +833,10 @@ impl Products {
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
             Products::Simd128 if d.is_multiple_of(LANES / 4) => {
                 super::wasm_int13::weighted_sum(p, rows, p_row, v, pairs, d, out)
+            }
+            #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+            Products::Neon if d.is_multiple_of(LANES / 4) => {
+                super::aarch64_int13::weighted_sum(p, rows, p_row, v, pairs, d, out)
             }
             _ => weighted_sum_portable(p, rows, p_row, v, pairs, d, out),
         }

@@ -32,6 +32,8 @@
 
 #[cfg(target_arch = "aarch64")]
 mod aarch64;
+#[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+mod aarch64_int13;
 pub(crate) mod aligned;
 pub(crate) mod bf16;
 pub(crate) mod int13;
