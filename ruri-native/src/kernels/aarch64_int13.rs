@@ -21,7 +21,7 @@
 use std::arch::aarch64::*;
 
 use super::bf16::LANES;
-use super::int13::{TILE_MAX_D, scores_fit, sum_tiles, weighted_sum_fits};
+use super::int13::{Finish, TILE_MAX_D, scores_fit, sum_tiles, weighted_sum_fits};
 
 /// i32 lanes of a vector.
 const W: usize = 4;
@@ -120,7 +120,12 @@ unsafe fn score_tile<const R: usize>(
     }
 }
 
-/// `super::int13::Products::weighted_sum` on the tiles; `d` a multiple of 4.
+/// `super::int13::Products::weighted_sum` on the tiles; `d` a multiple of 4. With `finish`
+/// (`super::int13::Products::weighted_average`), the last chunk's tiles finish their
+/// outputs: each sum converted to f32 (to nearest even, once, as `super::int13::finish`
+/// converts it), times its channel's scale, times its row's `1 / total`; `out` then holds
+/// only the sums of the chunks before.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn weighted_sum(
     p: &[u16],
     rows: usize,
@@ -129,21 +134,40 @@ pub(crate) fn weighted_sum(
     pairs: usize,
     d: usize,
     out: &mut [i64],
+    finish: Option<Finish<'_>>,
 ) {
     let lengths = (p.len(), v.len(), out.len());
     assert!(d.is_multiple_of(W) && weighted_sum_fits(lengths, rows, p_row, pairs, d));
+    let finish = finish.map(|f| {
+        assert!(f.fits(rows, d));
+        (
+            f.scales.as_ptr(),
+            f.inv.as_ptr(),
+            f.out.as_mut_ptr(),
+            f.out_stride,
+        )
+    });
     // The tiles in `sum_tiles`' walk: each tile's i32 sums of a chunk, then added to its
-    // i64 sums (stored on the first chunk).
+    // i64 sums (stored on the first chunk), or finished on the last.
     for t in sum_tiles(rows, pairs, d, MR, (NV * W, W)) {
         // SAFETY: the tile's rows ≤ rows of p (`2 · pairs` weights `p_row` apart) and of
         // out (`d` sums), its pairs ≤ pairs of v (`d` pairs each), its channels ≤ d
         // (`sum_tiles` keeps every tile inside its shape; `weighted_sum_fits` and d a
-        // multiple of 4, checked above).
+        // multiple of 4, checked above); with `finish`, the scales of the tile's channels,
+        // the inverses of its rows and its outputs (`Finish::fits`, checked above).
         unsafe {
             let w = p.as_ptr().add(t.r * p_row + 2 * t.j0);
             let vt = v.as_ptr().add(t.j0 * d + t.c0);
             let o = out.as_mut_ptr().add(t.r * d + t.c0);
-            let s = (p_row, d, t.pairs, t.first);
+            let f = finish.filter(|_| t.last).map(|(scales, inv, y, stride)| {
+                (
+                    scales.add(t.c0),
+                    inv.add(t.r),
+                    y.add(t.r * stride + t.c0),
+                    stride,
+                )
+            });
+            let s = (p_row, d, t.pairs, t.first, f);
             match (t.full_rows, t.wide) {
                 (true, true) => sum_tile::<MR, NV>(w, vt, o, s),
                 (true, false) => sum_tile::<MR, 1>(w, vt, o, s),
@@ -154,20 +178,30 @@ pub(crate) fn weighted_sum(
     }
 }
 
+/// A tile's outputs: the channels' scales, the rows' `1 / total`, the outputs and their
+/// stride (`super::int13::Finish` as pointers, at the tile's first row and channel where
+/// `sum_tile` takes it).
+type FinishAt = (*const f32, *const f32, *mut f32, usize);
+
 /// `R` rows × `N` vectors of 4 channels over `pairs` (≤ `SUM_CHUNK`) key pairs: weights `w`
 /// (row `r`'s pair `j` at `r · p_row + 2j`), values `v` (pair `j`'s channels at `j · d`);
-/// the i32 sums stored to, or added to, the i64 sums `out` (row `r` at `r · d`).
+/// the i32 sums stored to, or added to, the i64 sums `out` (row `r` at `r · d`). With
+/// `finish` (the last chunk), the whole sums (this chunk's, plus `out`'s unless it is also
+/// the first) are converted to f32 to nearest even (an i32 directly; an i64, exact in f64
+/// below 2⁵³, through f64), times the channel's scale, times the row's `1 / total`, and
+/// stored as outputs instead.
 ///
 /// # Safety
 /// `w` has `R` rows of `2 · pairs` weights `p_row` apart; `v` has `pairs` rows of `d` pairs
 /// with `4N` readable at the start of each; `out` has `R` rows of `d` with `4N` writable at
-/// the start of each.
+/// the start of each; with `finish`, `4N` scales, `R` inverses and `R` rows of `4N` outputs
+/// `stride` apart.
 #[inline(always)]
 unsafe fn sum_tile<const R: usize, const N: usize>(
     w: *const u16,
     v: *const u32,
     out: *mut i64,
-    (p_row, d, pairs, first): (usize, usize, usize, bool),
+    (p_row, d, pairs, first, finish): (usize, usize, usize, bool, Option<FinishAt>),
 ) {
     // lo[r][n]: channels 4n and 4n + 1's products, two lanes each; hi[r][n]: 4n + 2, 4n + 3.
     // SAFETY: a register of zeros (NEON is enabled in every build of this module: its cfg).
@@ -192,14 +226,30 @@ unsafe fn sum_tile<const R: usize, const N: usize>(
     }
     for (r, (lo, hi)) in lo.iter().zip(&hi).enumerate() {
         for (n, (&lo, &hi)) in lo.iter().zip(hi).enumerate() {
-            // SAFETY: the tile's own sums, 4 i64 a vector of channels (the caller's sizes).
+            // SAFETY: the tile's own sums, 4 i64 a vector of channels, and with `finish` its
+            // 4 channels' scales, its row's inverse and 4 outputs (the caller's sizes).
             unsafe {
                 let a = vpaddq_s32(lo, hi);
                 let o = out.add(r * d + n * W);
+                if let (Some((scales, inv, y, stride)), true) = (finish, first) {
+                    let sums = vcvtq_f32_s32(a);
+                    let scaled = vmulq_f32(sums, vld1q_f32(scales.add(n * W)));
+                    let y_rn = vmulq_f32(scaled, vdupq_n_f32(*inv.add(r)));
+                    vst1q_f32(y.add(r * stride + n * W), y_rn);
+                    continue;
+                }
                 let (mut low, mut high) = (vmovl_s32(vget_low_s32(a)), vmovl_high_s32(a));
                 if !first {
                     low = vaddq_s64(low, vld1q_s64(o));
                     high = vaddq_s64(high, vld1q_s64(o.add(2)));
+                }
+                if let Some((scales, inv, y, stride)) = finish {
+                    let (low, high) = (vcvtq_f64_s64(low), vcvtq_f64_s64(high));
+                    let sums = vcvt_high_f32_f64(vcvt_f32_f64(low), high);
+                    let scaled = vmulq_f32(sums, vld1q_f32(scales.add(n * W)));
+                    let y_rn = vmulq_f32(scaled, vdupq_n_f32(*inv.add(r)));
+                    vst1q_f32(y.add(r * stride + n * W), y_rn);
+                    continue;
                 }
                 vst1q_s64(o, low);
                 vst1q_s64(o.add(2), high);

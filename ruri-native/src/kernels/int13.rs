@@ -686,7 +686,10 @@ pub(crate) struct Finish<'a> {
 
 impl Finish<'_> {
     /// Whether the buffers hold `rows` rows of `d` outputs (and their scales and inverses).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // the AVX-512 tiles' check
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )] // the tiles' check
     pub(crate) fn fits(&self, rows: usize, d: usize) -> bool {
         self.scales.len() >= d
             && self.inv.len() >= rows
@@ -836,7 +839,7 @@ impl Products {
             }
             #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
             Products::Neon if d.is_multiple_of(LANES / 4) => {
-                super::aarch64_int13::weighted_sum(p, rows, p_row, v, pairs, d, out)
+                super::aarch64_int13::weighted_sum(p, rows, p_row, v, pairs, d, out, None)
             }
             _ => weighted_sum_portable(p, rows, p_row, v, pairs, d, out),
         }
@@ -844,10 +847,10 @@ impl Products {
 
     /// [`Products::weighted_sum`] and then [`finish`]: a block's outputs `finish.out[r][c]
     /// = ((Σ_j p[r][j] · v[j][c] as f32) · scales[c]) · inv[r]`, with `sums` (rows of `d`)
-    /// as scratch. The AVX-512 VNNI tiles convert and scale each row's sums where they end,
-    /// in the tile (a short text's sums then never leave their registers), and so do the
-    /// AVX2 tiles where every sum is one chunk's (at most [`SUM_CHUNK`] key pairs: AVX2 has
-    /// no conversion of i64 to f32); the others sum, then finish.
+    /// as scratch. The AVX-512 VNNI and NEON tiles convert and scale each row's sums where
+    /// they end, in the tile (a short text's sums then never leave their registers), and so
+    /// do the AVX2 tiles where every sum is one chunk's (at most [`SUM_CHUNK`] key pairs:
+    /// AVX2 has no conversion of i64 to f32); the others sum, then finish.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn weighted_average(
         self,
@@ -871,6 +874,12 @@ impl Products {
             Products::Avx2 if d.is_multiple_of(LANES / 2) && (1..=SUM_CHUNK).contains(&pairs) => {
                 let v = &v[pair_lo * d..];
                 super::x86_int13_avx2::weighted_sum(p, rows, p_row, v, pairs, d, sums, Some(finish))
+            }
+            // And in NEON's, which converts i64 to f32 through f64 (exact below 2⁵³).
+            #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+            Products::Neon if d.is_multiple_of(LANES / 4) && pairs > 0 => {
+                let v = &v[pair_lo * d..];
+                super::aarch64_int13::weighted_sum(p, rows, p_row, v, pairs, d, sums, Some(finish))
             }
             _ => {
                 self.weighted_sum(p, rows, p_row, v, (pair_lo, pairs), d, sums);
