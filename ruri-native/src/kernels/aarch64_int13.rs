@@ -21,100 +21,53 @@
 use std::arch::aarch64::*;
 
 use super::bf16::LANES;
-use super::int13::{Finish, TILE_MAX_D, scores_fit, sum_tiles, weighted_sum_fits};
+use super::int13::{Finish, ScoreTileAt, ScoreTiles, sum_tiles, weighted_sum_fits};
 
 /// i32 lanes of a vector.
 const W: usize = 4;
-/// Query rows per tile of scores and of weighted sums: 16 accumulators (two a vector of
-/// four sums), 4 operand vectors and a row's pair, 22 of the 32 vector registers.
+/// Rows per tile of weighted sums, as of scores (`super::int13::scores_on_tiles` runs 2):
+/// 16 accumulators (two a vector of four sums), 4 operand vectors and a row's pair, 22 of
+/// the 32 vector registers.
 const MR: usize = 2;
 /// Vectors of 4 channels per tile of weighted sums.
 const NV: usize = 4;
 
-/// `super::int13::Products::scores` on the tiles; `d` at most `TILE_MAX_D`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn scores(
-    q: &[u32],
-    sq: &[f32],
-    rows: usize,
-    d: usize,
-    kt: &[u32],
-    sk: &[f32],
-    g_lo: usize,
-    groups: usize,
-    out: &mut [f32],
-) {
-    let lengths = (q.len(), sq.len(), kt.len(), sk.len(), out.len());
-    assert!(d <= TILE_MAX_D && scores_fit(lengths, rows, d, g_lo, groups));
-    let (half, width) = (d / 2, groups * LANES);
-    for g in 0..groups {
-        let mut r = 0;
-        while r < rows {
-            let mr = (rows - r).min(MR);
-            // SAFETY: rows r..r + mr ≤ rows of q, sq and out (`half` pairs, one scale and
-            // `width` scores a row), group g_lo + g of kt (`half · 16` pairs) and of sk (16
-            // scales), and the group's 16 scores in out's rows (`scores_fit`, checked above).
-            unsafe {
-                let tile = (
-                    q.as_ptr().add(r * half),
-                    sq.as_ptr().add(r),
-                    kt.as_ptr().add((g_lo + g) * half * LANES),
-                    sk.as_ptr().add((g_lo + g) * LANES),
-                    out.as_mut_ptr().add(r * width + g * LANES),
-                );
-                match mr {
-                    MR => score_tile::<MR>(tile, half, width),
-                    _ => score_tile::<1>(tile, half, width),
-                }
-            }
-            r += mr;
-        }
-    }
-}
+/// This module's score tiles, for `super::int13::scores_on_tiles`.
+pub(crate) struct Tiles;
 
-/// `R` queries (`half` pairs each, consecutive; scales `sq`) against one group of 16 keys
-/// (pair `c` of key `i` at `c · 16 + i`; scales `sk`): each score the exact i32 dot
-/// product, converted (to nearest even), times the key's scale, times the query's, stored
-/// in rows of `width` at `out`.
-///
-/// # Safety
-/// `q` has `R` rows of `half` pairs and `sq` `R` scales; `kt` has `half · 16` pairs and `sk`
-/// 16 scales; `out` has `R` rows of `width` with 16 writable at the start of each.
-#[inline(always)]
-unsafe fn score_tile<const R: usize>(
-    (q, sq, kt, sk, out): (*const u32, *const f32, *const u32, *const f32, *mut f32),
-    half: usize,
-    width: usize,
-) {
-    // lo[r][n]: keys 4n and 4n + 1's products, two lanes each; hi[r][n]: keys 4n + 2, 4n + 3.
-    // SAFETY: a register of zeros (NEON is enabled in every build of this module: its cfg).
-    let mut lo = [[unsafe { vdupq_n_s32(0) }; LANES / W]; R];
-    let mut hi = lo;
-    for c in 0..half {
-        // SAFETY: c < half: pair c of the group's 16 keys (4 vectors) and of each query.
-        unsafe {
-            let k: [int16x8_t; LANES / W] = std::array::from_fn(|n| {
-                vreinterpretq_s16_u32(vld1q_u32(kt.add(c * LANES + n * W)))
-            });
-            for (r, (lo, hi)) in lo.iter_mut().zip(&mut hi).enumerate() {
-                let qv = vreinterpretq_s16_u32(vdupq_n_u32(*q.add(r * half + c)));
-                let ql = vget_low_s16(qv);
-                for ((lo, hi), &k) in lo.iter_mut().zip(hi.iter_mut()).zip(&k) {
-                    *lo = vmlal_s16(*lo, ql, vget_low_s16(k));
-                    *hi = vmlal_high_s16(*hi, qv, k);
+impl ScoreTiles for Tiles {
+    #[inline(always)]
+    unsafe fn tile<const R: usize>((q, sq, kt, sk, out): ScoreTileAt, half: usize, width: usize) {
+        // lo[r][n]: keys 4n and 4n + 1's products, two lanes each; hi[r][n]: keys 4n + 2, 4n + 3.
+        // SAFETY: a register of zeros (NEON is enabled in every build of this module: its cfg).
+        let mut lo = [[unsafe { vdupq_n_s32(0) }; LANES / W]; R];
+        let mut hi = lo;
+        for c in 0..half {
+            // SAFETY: c < half: pair c of the group's 16 keys (4 vectors) and of each query.
+            unsafe {
+                let k: [int16x8_t; LANES / W] = std::array::from_fn(|n| {
+                    vreinterpretq_s16_u32(vld1q_u32(kt.add(c * LANES + n * W)))
+                });
+                for (r, (lo, hi)) in lo.iter_mut().zip(&mut hi).enumerate() {
+                    let qv = vreinterpretq_s16_u32(vdupq_n_u32(*q.add(r * half + c)));
+                    let ql = vget_low_s16(qv);
+                    for ((lo, hi), &k) in lo.iter_mut().zip(hi.iter_mut()).zip(&k) {
+                        *lo = vmlal_s16(*lo, ql, vget_low_s16(k));
+                        *hi = vmlal_high_s16(*hi, qv, k);
+                    }
                 }
             }
         }
-    }
-    for (r, (lo, hi)) in lo.iter().zip(&hi).enumerate() {
-        for (n, (&lo, &hi)) in lo.iter().zip(hi).enumerate() {
-            // SAFETY: the group's scales and row r's 16 scores (the caller's sizes).
-            unsafe {
-                let dot = vpaddq_s32(lo, hi);
-                let s = vld1q_f32(sk.add(n * W));
-                let scaled = vmulq_f32(vcvtq_f32_s32(dot), s);
-                let score = vmulq_f32(scaled, vdupq_n_f32(*sq.add(r)));
-                vst1q_f32(out.add(r * width + n * W), score);
+        for (r, (lo, hi)) in lo.iter().zip(&hi).enumerate() {
+            for (n, (&lo, &hi)) in lo.iter().zip(hi).enumerate() {
+                // SAFETY: the group's scales and row r's 16 scores (the caller's sizes).
+                unsafe {
+                    let dot = vpaddq_s32(lo, hi);
+                    let s = vld1q_f32(sk.add(n * W));
+                    let scaled = vmulq_f32(vcvtq_f32_s32(dot), s);
+                    let score = vmulq_f32(scaled, vdupq_n_f32(*sq.add(r)));
+                    vst1q_f32(out.add(r * width + n * W), score);
+                }
             }
         }
     }

@@ -424,6 +424,88 @@ pub(crate) fn weighted_sum_fits(
     super::bf16::weighted_sum_fits((p, v, out), rows, p_row, pairs, d, d)
 }
 
+/// Where one tile of scores reads and writes: its queries' pairs (rows of `d / 2`,
+/// consecutive) and scales, one group of 16 keys' pairs (pair `c` of key `i` at `c · 16 +
+/// i`) and scales, and its rows of scores (16 of each, rows `groups · 16` apart).
+#[cfg(any(
+    all(target_arch = "aarch64", target_feature = "neon"),
+    all(target_arch = "wasm32", target_feature = "simd128")
+))]
+pub(crate) type ScoreTileAt = (*const u32, *const f32, *const u32, *const f32, *mut f32);
+
+/// The score tiles of an instruction set that the whole build enables (NEON on aarch64,
+/// simd128 in a WebAssembly build with it), which [`scores_on_tiles`] walks: generic over
+/// them, it inlines them (x86's tiles, compiled for target features of their own, have
+/// drivers of their own).
+#[cfg(any(
+    all(target_arch = "aarch64", target_feature = "neon"),
+    all(target_arch = "wasm32", target_feature = "simd128")
+))]
+pub(crate) trait ScoreTiles {
+    /// `R` queries (`half` pairs each) against one group of 16 keys: each score the exact
+    /// i32 dot product, converted (to nearest even), times the key's scale, times the
+    /// query's, stored in rows of `width`.
+    ///
+    /// # Safety
+    /// `at` holds `R` rows of `half` pairs and `R` scales, the group's `half · 16` pairs
+    /// and 16 scales, and `R` rows of `width` scores with 16 writable at the start of each.
+    unsafe fn tile<const R: usize>(at: ScoreTileAt, half: usize, width: usize);
+}
+
+/// Query rows of a full score tile of [`ScoreTiles`]: 16 accumulators on NEON (of 32
+/// registers), 8 on simd128 (of the 16 that V8 has on x86-64).
+#[cfg(any(
+    all(target_arch = "aarch64", target_feature = "neon"),
+    all(target_arch = "wasm32", target_feature = "simd128")
+))]
+const SCORE_TILE_ROWS: usize = 2;
+
+/// [`Products::scores`] on `T`'s tiles (without the maxima); `d` at most [`TILE_MAX_D`].
+#[cfg(any(
+    all(target_arch = "aarch64", target_feature = "neon"),
+    all(target_arch = "wasm32", target_feature = "simd128")
+))]
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(crate) fn scores_on_tiles<T: ScoreTiles>(
+    q: &[u32],
+    sq: &[f32],
+    rows: usize,
+    d: usize,
+    kt: &[u32],
+    sk: &[f32],
+    g_lo: usize,
+    groups: usize,
+    out: &mut [f32],
+) {
+    let lengths = (q.len(), sq.len(), kt.len(), sk.len(), out.len());
+    assert!(d <= TILE_MAX_D && scores_fit(lengths, rows, d, g_lo, groups));
+    let (half, width) = (d / 2, groups * LANES);
+    for g in 0..groups {
+        let mut r = 0;
+        while r < rows {
+            let mr = (rows - r).min(SCORE_TILE_ROWS);
+            // SAFETY: rows r..r + mr ≤ rows of q, sq and out (`half` pairs, one scale and
+            // `width` scores a row), group g_lo + g of kt (`half · 16` pairs) and of sk (16
+            // scales), and the group's 16 scores in out's rows (`scores_fit`, checked above).
+            unsafe {
+                let at = (
+                    q.as_ptr().add(r * half),
+                    sq.as_ptr().add(r),
+                    kt.as_ptr().add((g_lo + g) * half * LANES),
+                    sk.as_ptr().add((g_lo + g) * LANES),
+                    out.as_mut_ptr().add(r * width + g * LANES),
+                );
+                match mr {
+                    SCORE_TILE_ROWS => T::tile::<SCORE_TILE_ROWS>(at, half, width),
+                    _ => T::tile::<1>(at, half, width),
+                }
+            }
+            r += mr;
+        }
+    }
+}
+
 multiversion! {
     /// [`Products::scores`] in this module's loops.
     fn scores_portable / scores_body(q: &[u32], sq: &[f32], rows: usize, d: usize, kt: &[u32], sk: &[f32], g_lo: usize, groups: usize, out: &mut [f32])
@@ -790,11 +872,13 @@ impl Products {
                 match self {
                     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
                     Products::Simd128 if d <= TILE_MAX_D => {
-                        super::wasm_int13::scores(q, sq, rows, d, kt, sk, g_lo, groups, out)
+                        use super::wasm_int13::Tiles;
+                        scores_on_tiles::<Tiles>(q, sq, rows, d, kt, sk, g_lo, groups, out)
                     }
                     #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
                     Products::Neon if d <= TILE_MAX_D => {
-                        super::aarch64_int13::scores(q, sq, rows, d, kt, sk, g_lo, groups, out)
+                        use super::aarch64_int13::Tiles;
+                        scores_on_tiles::<Tiles>(q, sq, rows, d, kt, sk, g_lo, groups, out)
                     }
                     _ => scores_portable(q, sq, rows, d, kt, sk, g_lo, groups, out),
                 }

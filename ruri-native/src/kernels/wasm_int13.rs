@@ -16,93 +16,45 @@
 use std::arch::wasm32::*;
 
 use super::bf16::LANES;
-use super::int13::{TILE_MAX_D, scores_fit, sum_tiles, weighted_sum_fits};
+use super::int13::{ScoreTileAt, ScoreTiles, sum_tiles, weighted_sum_fits};
 
 /// i32 lanes of a vector.
 const W: usize = 4;
-/// Query rows per tile of scores and of weighted sums (8 accumulators, 4 operands: 13 of
-/// V8's 16 vector registers on x86-64).
+/// Rows per tile of weighted sums, as of scores (`super::int13::scores_on_tiles` runs 2):
+/// 8 accumulators, 4 operands, 13 of V8's 16 vector registers on x86-64.
 const MR: usize = 2;
 /// Vectors of 4 channels per tile of weighted sums.
 const NV: usize = 4;
 
-/// `super::int13::Products::scores` on the tiles; `d` at most `TILE_MAX_D`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn scores(
-    q: &[u32],
-    sq: &[f32],
-    rows: usize,
-    d: usize,
-    kt: &[u32],
-    sk: &[f32],
-    g_lo: usize,
-    groups: usize,
-    out: &mut [f32],
-) {
-    let lengths = (q.len(), sq.len(), kt.len(), sk.len(), out.len());
-    assert!(d <= TILE_MAX_D && scores_fit(lengths, rows, d, g_lo, groups));
-    let (half, width) = (d / 2, groups * LANES);
-    for g in 0..groups {
-        let mut r = 0;
-        while r < rows {
-            let mr = (rows - r).min(MR);
-            // SAFETY: rows r..r + mr ≤ rows of q, sq and out (`half` pairs, one scale and
-            // `width` scores a row), group g_lo + g of kt (`half · 16` pairs) and of sk (16
-            // scales), and the group's 16 scores in out's rows (`scores_fit`, checked above).
-            unsafe {
-                let tile = (
-                    q.as_ptr().add(r * half),
-                    sq.as_ptr().add(r),
-                    kt.as_ptr().add((g_lo + g) * half * LANES),
-                    sk.as_ptr().add((g_lo + g) * LANES),
-                    out.as_mut_ptr().add(r * width + g * LANES),
-                );
-                match mr {
-                    MR => score_tile::<MR>(tile, half, width),
-                    _ => score_tile::<1>(tile, half, width),
-                }
-            }
-            r += mr;
-        }
-    }
-}
+/// This module's score tiles, for `super::int13::scores_on_tiles`.
+pub(crate) struct Tiles;
 
-/// `R` queries (`half` pairs each, consecutive; scales `sq`) against one group of 16 keys
-/// (pair `c` of key `i` at `c · 16 + i`; scales `sk`): each score the exact i32 dot
-/// product, converted (to nearest even), times the key's scale, times the query's, stored
-/// in rows of `width` at `out`.
-///
-/// # Safety
-/// `q` has `R` rows of `half` pairs and `sq` `R` scales; `kt` has `half · 16` pairs and `sk`
-/// 16 scales; `out` has `R` rows of `width` with 16 writable at the start of each.
-#[inline(always)]
-unsafe fn score_tile<const R: usize>(
-    (q, sq, kt, sk, out): (*const u32, *const f32, *const u32, *const f32, *mut f32),
-    half: usize,
-    width: usize,
-) {
-    let mut acc = [[i32x4_splat(0); LANES / W]; R];
-    for c in 0..half {
-        // SAFETY: c < half: pair c of the group's 16 keys (4 vectors) and of each query.
-        unsafe {
-            let k: [v128; LANES / W] =
-                std::array::from_fn(|n| v128_load(kt.add(c * LANES + n * W).cast()));
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let qv = u32x4_splat(*q.add(r * half + c));
-                for (a, &k) in acc.iter_mut().zip(&k) {
-                    *a = i32x4_add(*a, i32x4_dot_i16x8(qv, k));
+impl ScoreTiles for Tiles {
+    #[inline(always)]
+    unsafe fn tile<const R: usize>((q, sq, kt, sk, out): ScoreTileAt, half: usize, width: usize) {
+        let mut acc = [[i32x4_splat(0); LANES / W]; R];
+        for c in 0..half {
+            // SAFETY: c < half: pair c of the group's 16 keys (4 vectors) and of each query.
+            unsafe {
+                let k: [v128; LANES / W] =
+                    std::array::from_fn(|n| v128_load(kt.add(c * LANES + n * W).cast()));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let qv = u32x4_splat(*q.add(r * half + c));
+                    for (a, &k) in acc.iter_mut().zip(&k) {
+                        *a = i32x4_add(*a, i32x4_dot_i16x8(qv, k));
+                    }
                 }
             }
         }
-    }
-    for (r, acc) in acc.iter().enumerate() {
-        for (n, &a) in acc.iter().enumerate() {
-            // SAFETY: the group's scales and row r's 16 scores (the caller's sizes).
-            unsafe {
-                let s = v128_load(sk.add(n * W).cast());
-                let scaled = f32x4_mul(f32x4_convert_i32x4(a), s);
-                let score = f32x4_mul(scaled, f32x4_splat(*sq.add(r)));
-                v128_store(out.add(r * width + n * W).cast(), score);
+        for (r, acc) in acc.iter().enumerate() {
+            for (n, &a) in acc.iter().enumerate() {
+                // SAFETY: the group's scales and row r's 16 scores (the caller's sizes).
+                unsafe {
+                    let s = v128_load(sk.add(n * W).cast());
+                    let scaled = f32x4_mul(f32x4_convert_i32x4(a), s);
+                    let score = f32x4_mul(scaled, f32x4_splat(*sq.add(r)));
+                    v128_store(out.add(r * width + n * W).cast(), score);
+                }
             }
         }
     }
