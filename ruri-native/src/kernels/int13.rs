@@ -894,8 +894,8 @@ impl Products {
     /// `out[r][c]` (rows of `d`, consecutive) = the exact `Σ_j p[r][j] · v[j][c]` over key
     /// pairs `pair_lo..pair_lo + pairs` of the values (`v` from [`pack_values`]; `p`: a
     /// weight per key from the block's first pair, rows `p_row` apart). Written, not added
-    /// to. The tiles take `d` a multiple of 16 (AVX2's: of 8; simd128's and NEON's: of 4); other widths
-    /// run the portable loops.
+    /// to. The tiles take `d` a multiple of 16 (AVX2's: of 8; simd128's and NEON's: of 4);
+    /// other widths run the portable loops.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn weighted_sum(
         self,
