@@ -13,8 +13,9 @@
 //! which cannot overflow i32 (`super::int13::TILE_MAX_D`, `SUM_CHUNK`). So the bits are
 //! theirs, whatever the order.
 //!
-//! Each public function checks that every buffer holds what its loops read or write; the
-//! `unsafe` blocks (loads and stores through raw pointers) rely on nothing else. Tested
+//! `weighted_sum`, and `super::int13::scores_on_tiles` that walks the score tiles, check that
+//! every buffer holds what the loops read or write; the `unsafe` blocks (loads and stores
+//! through raw pointers) rely on nothing else. Tested
 //! against the definition and the portable loops by `super::int13`'s property tests, which
 //! run every variant, under qemu on x86 machines (`tools/cross/aarch64-test.sh`).
 

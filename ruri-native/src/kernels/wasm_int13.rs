@@ -7,8 +7,9 @@
 //! `super::int13::TILE_MAX_D`, `SUM_CHUNK`), so the bits are theirs.
 //!
 //! Compiled only when the build enables simd128 (as `tools/wasm/build.sh` does; see
-//! `super::wasm`). Each public function checks that every buffer holds what its loops read
-//! or write; the `unsafe` blocks (unaligned 128-bit loads and stores) rely on nothing else.
+//! `super::wasm`). `weighted_sum`, and `super::int13::scores_on_tiles` that walks the score
+//! tiles, check that every buffer holds what the loops read or write; the `unsafe` blocks
+//! (unaligned 128-bit loads and stores) rely on nothing else.
 //! Tested under node against sums computed in JavaScript and against the portable loops
 //! (`ruri-wasm/tests/kernel.mjs`), and end to end against the x86 engine's vectors
 //! (`ruri-wasm/tests/parity.mjs`).
