@@ -22,7 +22,8 @@
 use std::arch::aarch64::*;
 
 use super::bf16::LANES;
-use super::int13::{Finish, ScoreTileAt, ScoreTiles, sum_tiles, weighted_sum_fits};
+use super::int13::weighted_sum_fits;
+use super::int13::{Finish, FinishAt, ScoreTileAt, ScoreTiles, finish_tile, sum_tiles};
 
 /// i32 lanes of a vector.
 const W: usize = 4;
@@ -92,15 +93,7 @@ pub(crate) fn weighted_sum(
 ) {
     let lengths = (p.len(), v.len(), out.len());
     assert!(d.is_multiple_of(W) && weighted_sum_fits(lengths, rows, p_row, pairs, d));
-    let finish = finish.map(|f| {
-        assert!(f.fits(rows, d));
-        (
-            f.scales.as_ptr(),
-            f.inv.as_ptr(),
-            f.out.as_mut_ptr(),
-            f.out_stride,
-        )
-    });
+    let finish = finish.map(|f| f.at(rows, d));
     // The tiles in `sum_tiles`' walk: each tile's i32 sums of a chunk, then added to its
     // i64 sums (stored on the first chunk), or finished on the last.
     for t in sum_tiles(rows, pairs, d, MR, (NV * W, W)) {
@@ -113,14 +106,7 @@ pub(crate) fn weighted_sum(
             let w = p.as_ptr().add(t.r * p_row + 2 * t.j0);
             let vt = v.as_ptr().add(t.j0 * d + t.c0);
             let o = out.as_mut_ptr().add(t.r * d + t.c0);
-            let f = finish.filter(|_| t.last).map(|(scales, inv, y, stride)| {
-                (
-                    scales.add(t.c0),
-                    inv.add(t.r),
-                    y.add(t.r * stride + t.c0),
-                    stride,
-                )
-            });
+            let f = finish.filter(|_| t.last).map(|f| finish_tile(f, t.r, t.c0));
             let s = (p_row, d, t.pairs, t.first, f);
             match (t.full_rows, t.wide) {
                 (true, true) => sum_tile::<MR, NV>(w, vt, o, s),
@@ -131,11 +117,6 @@ pub(crate) fn weighted_sum(
         }
     }
 }
-
-/// A tile's outputs: the channels' scales, the rows' `1 / total`, the outputs and their
-/// stride (`super::int13::Finish` as pointers, at the tile's first row and channel where
-/// `sum_tile` takes it).
-type FinishAt = (*const f32, *const f32, *mut f32, usize);
 
 /// `R` rows × `N` vectors of 4 channels over `pairs` (≤ `SUM_CHUNK`) key pairs: weights `w`
 /// (row `r`'s pair `j` at `r · p_row + 2j`), values `v` (pair `j`'s channels at `j · d`);
@@ -185,28 +166,34 @@ unsafe fn sum_tile<const R: usize, const N: usize>(
             unsafe {
                 let a = vpaddq_s32(lo, hi);
                 let o = out.add(r * d + n * W);
-                if let (Some((scales, inv, y, stride)), true) = (finish, first) {
-                    let sums = vcvtq_f32_s32(a);
-                    let scaled = vmulq_f32(sums, vld1q_f32(scales.add(n * W)));
-                    let y_rn = vmulq_f32(scaled, vdupq_n_f32(*inv.add(r)));
-                    vst1q_f32(y.add(r * stride + n * W), y_rn);
+                // The whole i64 sums: this chunk's, plus the chunks' before.
+                let whole = || {
+                    let (low, high) = (vmovl_s32(vget_low_s32(a)), vmovl_high_s32(a));
+                    if first {
+                        (low, high)
+                    } else {
+                        (
+                            vaddq_s64(low, vld1q_s64(o)),
+                            vaddq_s64(high, vld1q_s64(o.add(2))),
+                        )
+                    }
+                };
+                let Some((scales, inv, y, stride)) = finish else {
+                    let (low, high) = whole();
+                    vst1q_s64(o, low);
+                    vst1q_s64(o.add(2), high);
                     continue;
-                }
-                let (mut low, mut high) = (vmovl_s32(vget_low_s32(a)), vmovl_high_s32(a));
-                if !first {
-                    low = vaddq_s64(low, vld1q_s64(o));
-                    high = vaddq_s64(high, vld1q_s64(o.add(2)));
-                }
-                if let Some((scales, inv, y, stride)) = finish {
+                };
+                let sums = if first {
+                    vcvtq_f32_s32(a)
+                } else {
+                    let (low, high) = whole();
                     let (low, high) = (vcvtq_f64_s64(low), vcvtq_f64_s64(high));
-                    let sums = vcvt_high_f32_f64(vcvt_f32_f64(low), high);
-                    let scaled = vmulq_f32(sums, vld1q_f32(scales.add(n * W)));
-                    let y_rn = vmulq_f32(scaled, vdupq_n_f32(*inv.add(r)));
-                    vst1q_f32(y.add(r * stride + n * W), y_rn);
-                    continue;
-                }
-                vst1q_s64(o, low);
-                vst1q_s64(o.add(2), high);
+                    vcvt_high_f32_f64(vcvt_f32_f64(low), high)
+                };
+                let scaled = vmulq_f32(sums, vld1q_f32(scales.add(n * W)));
+                let y_rn = vmulq_f32(scaled, vdupq_n_f32(*inv.add(r)));
+                vst1q_f32(y.add(r * stride + n * W), y_rn);
             }
         }
     }

@@ -768,15 +768,53 @@ pub(crate) struct Finish<'a> {
 
 impl Finish<'_> {
     /// Whether the buffers hold `rows` rows of `d` outputs (and their scales and inverses).
-    #[cfg_attr(
-        not(any(target_arch = "x86_64", target_arch = "aarch64")),
-        allow(dead_code)
-    )] // the tiles' check
-    pub(crate) fn fits(&self, rows: usize, d: usize) -> bool {
+    fn fits(&self, rows: usize, d: usize) -> bool {
         self.scales.len() >= d
             && self.inv.len() >= rows
             && super::simd_f32::holds_rows(self.out.len(), rows, self.out_stride, d)
     }
+
+    /// The outputs of `rows` rows of `d` as the tiles take them; panics unless the buffers
+    /// hold them.
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )] // the tiles'
+    pub(crate) fn at(self, rows: usize, d: usize) -> FinishAt {
+        assert!(self.fits(rows, d), "a block's outputs past their buffers");
+        (
+            self.scales.as_ptr(),
+            self.inv.as_ptr(),
+            self.out.as_mut_ptr(),
+            self.out_stride,
+        )
+    }
+}
+
+/// A block's outputs as the tiles take them ([`Finish::at`]): the channels' scales, the
+/// rows' `1 / total`, the outputs and their stride.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+pub(crate) type FinishAt = (*const f32, *const f32, *mut f32, usize);
+
+/// `at` moved to a tile's first row `r` and channel `c`.
+///
+/// # Safety
+/// `at` holds row `r` and channel `c` (the pointers stay inside their buffers).
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+#[inline(always)]
+pub(crate) unsafe fn finish_tile(
+    (scales, inv, out, stride): FinishAt,
+    r: usize,
+    c: usize,
+) -> FinishAt {
+    // SAFETY: the caller's: row r and channel c are inside the buffers.
+    unsafe { (scales.add(c), inv.add(r), out.add(r * stride + c), stride) }
 }
 
 /// Where a block's two products run: the same integers, so the same bits, either way.

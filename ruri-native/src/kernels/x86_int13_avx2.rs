@@ -18,8 +18,9 @@ use std::arch::x86_64::*;
 
 use super::aligned::Aligned;
 use super::bf16::LANES;
-use super::int13::{Finish, LEVELS_F32, SUM_CHUNK, TILE_MAX_D, scores_fit, sum_tiles};
+use super::int13::{Finish, FinishAt, LEVELS_F32, SUM_CHUNK, TILE_MAX_D, finish_tile};
 use super::int13::{abs_bits, group_quantizers, prefetch_ahead, quantizers, weighted_sum_fits};
+use super::int13::{scores_fit, sum_tiles};
 use super::simd_f32::holds_rows;
 use super::x86_bf16_avx2::{first_lanes, fold_max};
 
@@ -223,17 +224,10 @@ pub(crate) fn weighted_sum(
     assert!(available(), "AVX2 tiles on a CPU without them");
     let lengths = (p.len(), v.len(), out.len());
     assert!(d.is_multiple_of(W) && weighted_sum_fits(lengths, rows, p_row, pairs, d));
-    let finish = finish.map(|f| {
-        // An i64 sum has no conversion to f32 in AVX2: the tiles finish only whole sums
-        // of one chunk.
-        assert!(f.fits(rows, d) && pairs <= SUM_CHUNK);
-        (
-            f.scales.as_ptr(),
-            f.inv.as_ptr(),
-            f.out.as_mut_ptr(),
-            f.out_stride,
-        )
-    });
+    // An i64 sum has no conversion to f32 in AVX2: the tiles finish only whole sums of
+    // one chunk.
+    assert!(finish.is_none() || pairs <= SUM_CHUNK);
+    let finish = finish.map(|f| f.at(rows, d));
     // SAFETY: AVX2 (checked above); p holds `rows` rows of `2 · pairs` weights `p_row`
     // apart, v `pairs` rows of `d` pairs, out `rows` rows of `d`, and with `finish`, its
     // `d` scales, `rows` inverses and `rows` rows of `d` outputs `out_stride` apart
@@ -251,11 +245,6 @@ pub(crate) fn weighted_sum(
         )
     }
 }
-
-/// A tile's outputs: the channels' scales, the rows' `1 / total`, the outputs and their
-/// stride (`super::int13::Finish` as pointers, at the tile's first row and channel where
-/// `sum_tile` takes it).
-type FinishAt = (*const f32, *const f32, *mut f32, usize);
 
 /// The tiles in `super::int13::sum_tiles`' walk: each tile's i32 sums of a chunk, then
 /// added to its i64 sums (stored on the first chunk); with `finish` (one chunk), the
@@ -280,14 +269,7 @@ unsafe fn weighted_sum_tiles(
         unsafe {
             let w = p.add(t.r * p_row + 2 * t.j0);
             let (vt, o) = (v.add(t.j0 * d + t.c0), out.add(t.r * d + t.c0));
-            let f = finish.map(|(scales, inv, out, stride)| {
-                (
-                    scales.add(t.c0),
-                    inv.add(t.r),
-                    out.add(t.r * stride + t.c0),
-                    stride,
-                )
-            });
+            let f = finish.map(|f| finish_tile(f, t.r, t.c0));
             let s = (p_row, d, t.pairs, t.first, f);
             match (t.full_rows, t.wide) {
                 (true, true) => sum_tile::<MR, NV>(w, vt, o, s),
