@@ -101,7 +101,7 @@ pub(crate) fn weighted_sum(
         // out (`d` sums), its pairs ≤ pairs of v (`d` pairs each), its channels ≤ d
         // (`sum_tiles` keeps every tile inside its shape; `weighted_sum_fits` and d a
         // multiple of 4, checked above); with `finish`, the scales of the tile's channels,
-        // the inverses of its rows and its outputs (`Finish::fits`, checked above).
+        // the inverses of its rows and its outputs (`Finish::at`, checked above).
         unsafe {
             let w = p.as_ptr().add(t.r * p_row + 2 * t.j0);
             let vt = v.as_ptr().add(t.j0 * d + t.c0);
