@@ -65,15 +65,17 @@
 pub mod cli;
 mod loader;
 
+#[cfg(feature = "native")]
+pub use loader::WeightsLoader;
 pub use loader::{
     AttentionPrecision, BackendKind, EmbedderConfig, Graph, Precision, from_pretrained,
 };
 
 pub use ruri_core::{
     BatchOptions, EmbedOptions, Embedder, Embeddings, Encoding, Error, ErrorChain, ModelDir,
-    Prompts, Quantization, QuantizationRanges, QuantizedEmbeddings, Result, Task, TextEmbedder,
-    TokenSource, Tokenizer, Truncation, Whitespace, cosine, dot, error_chain, l2_normalize,
-    prompts, tokenize, top_k,
+    ModelTexts, Prompts, Quantization, QuantizationRanges, QuantizedEmbeddings, Result, Task,
+    TextEmbedder, TokenSource, Tokenizer, Truncation, Whitespace, cosine, dot, error_chain,
+    l2_normalize, prompts, tokenize, top_k,
 };
 
 /// For backend authors: what a backend implements ([`Backend`](backend::Backend)) and the

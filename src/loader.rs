@@ -1,9 +1,11 @@
 //! One loader for every front end: backend + precision + options → [`TextEmbedder`].
 //!
-//! The command lines (the examples, `ruri-server`) and the Python package all describe the
-//! model they want as an [`EmbedderConfig`] and load it here, so a backend, a precision or an
-//! option means the same everywhere, and a combination that cannot run is refused by one
-//! function, [`EmbedderConfig::validate`], with one typed error.
+//! The command lines (the examples, `ruri-server`, `ruri-cli`), the Python package and
+//! WebAssembly (ruri-wasm, through [`EmbedderConfig::loader`]: a model given as texts and
+//! bytes, no folder) all describe the model they want as an [`EmbedderConfig`] and load it
+//! here, so a backend, a precision or an option means the same everywhere, and a combination
+//! that cannot run is refused by one function, [`EmbedderConfig::validate`], with one typed
+//! error.
 //!
 //! This is the only file of the facade whose code depends on the backend features (lib.rs
 //! only re-exports the backend crates). Adding a backend, e.g. `native`:
@@ -26,6 +28,8 @@
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+#[cfg(feature = "native")]
+use ruri_core::ModelTexts;
 use ruri_core::{BatchOptions, Error, Result, TextEmbedder, Whitespace};
 
 /// Which engine runs the model.
@@ -385,6 +389,12 @@ pub struct EmbedderConfig {
     prequantized: bool,
     /// `None`: the backend's default ([`EmbedderConfig::get_attention`]).
     attention: Option<AttentionPrecision>,
+    /// native: the int8 kernel (`None`: `RURI_KERNEL`, else the fastest this CPU runs).
+    #[cfg(feature = "native")]
+    kernel: Option<ruri_native::Kernel>,
+    /// native: how the token-embedding table is held (`None`: the engine's default).
+    #[cfg(feature = "native")]
+    embedding_table: Option<ruri_native::EmbeddingTable>,
 }
 
 impl Default for EmbedderConfig {
@@ -403,6 +413,10 @@ impl Default for EmbedderConfig {
             batching: None,
             prequantized: false,
             attention: None,
+            #[cfg(feature = "native")]
+            kernel: None,
+            #[cfg(feature = "native")]
+            embedding_table: None,
         }
     }
 }
@@ -519,6 +533,30 @@ impl EmbedderConfig {
         self
     }
 
+    /// native: run int8 on this kernel (default: the `RURI_KERNEL` variable if set, else the
+    /// fastest this CPU runs). Every kernel gives the same bits; one this CPU cannot run is
+    /// [`Error::InvalidOption`] at load, and so is this option with another backend.
+    #[cfg(feature = "native")]
+    pub fn kernel(mut self, kernel: impl Into<Option<ruri_native::Kernel>>) -> Self {
+        self.kernel = kernel.into();
+        self
+    }
+
+    /// native: how the token-embedding table is held (default
+    /// [`EmbeddingTable::F32`](ruri_native::EmbeddingTable::F32), read a row per token from
+    /// a folder's file; [`Int8`](ruri_native::EmbeddingTable::Int8): quantized per row at
+    /// load, a quarter of the memory, slightly different vectors). With ruri's int8 file,
+    /// the file's own table applies unless this names it; another backend refuses it with
+    /// [`Error::InvalidOption`].
+    #[cfg(feature = "native")]
+    pub fn embedding_table(
+        mut self,
+        table: impl Into<Option<ruri_native::EmbeddingTable>>,
+    ) -> Self {
+        self.embedding_table = table.into();
+        self
+    }
+
     /// Batch limits of the pipeline (`None`, the default: the backend's advice).
     pub fn batching(mut self, batching: impl Into<Option<BatchOptions>>) -> Self {
         self.batching = batching.into();
@@ -564,9 +602,9 @@ impl EmbedderConfig {
     /// | candle | fp32, bf16, fp16 | auto | refused |
     /// | native | fp32, int8 | auto | refused but `threads` (its worker threads) |
     ///
-    /// Native's own options: `prequantized` (at int8) and an
-    /// [`attention`](Self::attention) other than f32 (at fp32 and int8), refused for the
-    /// other backends.
+    /// Native's own options: `prequantized` (at int8), an [`attention`](Self::attention)
+    /// other than f32 (at fp32 and int8), and (with the `native` feature) `kernel` and
+    /// `embedding_table`, refused for the other backends.
     pub fn validate(&self) -> Result<()> {
         let refuse = |name, value: String, reason| {
             Err(Error::InvalidOption {
@@ -581,6 +619,23 @@ impl EmbedderConfig {
                 "true".into(),
                 "ruri's int8 file is read by backend native",
             )?;
+        }
+        #[cfg(feature = "native")]
+        if self.backend != BackendKind::Native {
+            if let Some(kernel) = self.kernel {
+                refuse(
+                    "kernel",
+                    kernel.to_string(),
+                    "the int8 kernel is an option of backend native",
+                )?;
+            }
+            if let Some(table) = self.embedding_table {
+                refuse(
+                    "embedding_table",
+                    table.to_string(),
+                    "the embedding table is an option of backend native",
+                )?;
+            }
         }
         if let Some(attention) = self.attention
             && attention != AttentionPrecision::F32
@@ -737,6 +792,58 @@ impl EmbedderConfig {
         }
     }
 
+    /// Validates, then starts loading a model that is not in a folder: `model` holds the
+    /// texts of its `config.json` and `tokenizer.json` (checked as a folder's), and the
+    /// bytes of its `model.safetensors`, or of ruri's int8 file (told apart by the header),
+    /// are fed to [`WeightsLoader::push`] in order, in chunks of any size. Each tensor is
+    /// prepared as soon as its bytes are in, so the file is never held whole: what a
+    /// WebAssembly host does with a `fetch` body (ruri-wasm loads through here). Backend
+    /// native only (another is [`Error::InvalidOption`] naming `backend`), and
+    /// [`prequantized`](Self::prequantized) is refused: bytes need no file name.
+    ///
+    /// ```
+    /// # let folder = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/tiny"));
+    /// use ruri::{EmbedderConfig, ModelTexts, Precision};
+    ///
+    /// let config = std::fs::read_to_string(folder.join("config.json"))?;
+    /// let tokenizer = std::fs::read_to_string(folder.join("tokenizer.json"))?;
+    /// let model = ModelTexts::new(&config, &tokenizer, None)?;
+    /// let mut loader = EmbedderConfig::new().precision(Precision::Int8).loader(model)?;
+    /// for chunk in std::fs::read(folder.join("model.safetensors"))?.chunks(1 << 16) {
+    ///     loader.push(chunk)?;
+    /// }
+    /// let embedder = loader.finish()?;
+    /// assert_eq!(embedder.embed_query("瑠璃色はどんな色？")?.len(), embedder.dim());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[cfg(feature = "native")]
+    pub fn loader(&self, model: ModelTexts) -> Result<WeightsLoader> {
+        self.validate()?;
+        if self.backend != BackendKind::Native {
+            return Err(Error::InvalidOption {
+                name: "backend",
+                value: self.backend.name().into(),
+                reason: "a model given as texts and bytes is loaded by backend native only",
+            });
+        }
+        if self.prequantized {
+            return Err(Error::InvalidOption {
+                name: "prequantized",
+                value: "true".into(),
+                reason: "bytes are told apart by their header: ruri's int8 file is read \
+                         without this option",
+            });
+        }
+        let loader =
+            ruri_native::NativeBackend::loader(&self.native_builder(), model.config_json())?;
+        Ok(WeightsLoader {
+            loader,
+            model,
+            batching: self.batching,
+            whitespace: self.whitespace,
+        })
+    }
+
     fn load(&self, target: Target<'_>) -> Result<TextEmbedder> {
         self.validate()?;
         match self.backend {
@@ -758,6 +865,17 @@ impl EmbedderConfig {
 
     #[cfg(feature = "native")]
     fn load_native(&self, target: Target<'_>) -> Result<TextEmbedder> {
+        let builder = self.native_builder();
+        match target {
+            Target::Dir(dir) => builder.build_from_dir(dir),
+            #[cfg(feature = "hub")]
+            Target::Hub(repo) => builder.build_from_hub(repo),
+        }
+    }
+
+    /// The native engine's builder for this configuration (validated).
+    #[cfg(feature = "native")]
+    fn native_builder(&self) -> ruri_native::NativeBuilder {
         let mut builder = ruri_native::builder()
             .precision(match self.precision {
                 Precision::Fp32 => ruri_native::Precision::Fp32,
@@ -783,11 +901,13 @@ impl EmbedderConfig {
         if let Some(batching) = self.batching {
             builder = builder.batching(batching);
         }
-        match target {
-            Target::Dir(dir) => builder.build_from_dir(dir),
-            #[cfg(feature = "hub")]
-            Target::Hub(repo) => builder.build_from_hub(repo),
+        if let Some(kernel) = self.kernel {
+            builder = builder.kernel(kernel);
         }
+        if let Some(table) = self.embedding_table {
+            builder = builder.embedding_table(table);
+        }
+        builder
     }
 
     #[cfg(not(feature = "native"))]
@@ -860,6 +980,38 @@ impl EmbedderConfig {
     #[cfg(not(feature = "candle"))]
     fn load_candle(&self, _: Target<'_>) -> Result<TextEmbedder> {
         Err(BackendKind::Candle.not_compiled())
+    }
+}
+
+/// A model being loaded from bytes ([`EmbedderConfig::loader`]): feed it the weights file
+/// in order, then [`finish`](Self::finish).
+#[cfg(feature = "native")]
+#[derive(Debug)]
+pub struct WeightsLoader {
+    loader: ruri_native::Loader,
+    model: ModelTexts,
+    batching: Option<BatchOptions>,
+    whitespace: Whitespace,
+}
+
+#[cfg(feature = "native")]
+impl WeightsLoader {
+    /// The next bytes of the weights file. A header that is not safetensors, a tensor the
+    /// model does not have or one of the wrong shape is [`Error::InvalidConfig`] naming
+    /// `model.safetensors`, as soon as its bytes show it.
+    pub fn push(&mut self, chunk: &[u8]) -> Result<()> {
+        self.loader.push(chunk)
+    }
+
+    /// The embedder, once the whole file was pushed: a file cut short is
+    /// [`Error::InvalidConfig`]; ruri's int8 file made with other options or for another
+    /// `config.json`, [`Error::WeightsMismatch`].
+    pub fn finish(self) -> Result<TextEmbedder> {
+        let backend = self.loader.finish()?;
+        Ok(
+            TextEmbedder::from_texts(self.model, self.batching, backend)?
+                .with_whitespace(self.whitespace),
+        )
     }
 }
 

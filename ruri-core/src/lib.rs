@@ -84,7 +84,7 @@ mod text_embedder;
 pub use config::{AttentionKind, ModelConfig, Pooling, checkpoint_prefix};
 pub use embedder::{EmbedOptions, Embedder, Embeddings, Task};
 pub use error::{Error, ErrorChain, Result, TokenSource, error_chain};
-pub use model_dir::{Layout, ModelDir, Prompts, prompts};
+pub use model_dir::{Layout, ModelDir, ModelTexts, Prompts, prompts};
 pub use pipeline::{Backend, BackendOutput, BatchOptions, l2_normalize, mean_pool, plan_batches};
 pub use quantize::{Quantization, QuantizationRanges, QuantizedEmbeddings};
 pub use similarity::{cosine, dot, top_k};

@@ -332,53 +332,149 @@ impl ModelDir {
             path: path.clone(),
             source,
         })?;
-        let tokenizer =
-            Tokenizer::from_json(&json, self.max_length, self.pad_token()).map_err(|source| {
-                match source {
-                    ruri_tokenize::TokenizeError::InvalidTokenizer { .. } => {
-                        Error::InvalidTokenizer {
-                            path: path.clone(),
-                            source,
-                        }
-                    }
-                    // A pad token or maximum length the folder's configs ask for.
-                    other => Error::Tokenizer(other),
-                }
-            })?;
-        if tokenizer.pad_id() != self.config.pad_token_id {
-            return Err(Error::InvalidConfig {
-                path: self.root.join("config.json"),
-                reason: format!(
-                    "pad_token_id is {} but the tokenizer pads with id {} ({})",
-                    self.config.pad_token_id,
-                    tokenizer.pad_id(),
-                    self.pad_token().unwrap_or("<pad>")
-                ),
-            });
-        }
-        let framed = tokenizer.encode("", "", ruri_tokenize::Truncation::Truncate)?;
-        let expected = [self.config.bos_token_id, self.config.eos_token_id];
-        if framed.ids() != expected {
-            return Err(Error::InvalidConfig {
-                path: self.root.join("tokenizer.json"),
-                reason: format!(
-                    "its post-processor frames an empty text as {:?}, but config.json's \
-                     bos_token_id and eos_token_id are {expected:?}: ruri needs the template \
-                     `<s> $A </s>` with those ids",
-                    framed.ids()
-                ),
-            });
-        }
-        if tokenizer.vocab_size() > self.config.vocab_size {
-            return Err(Error::InvalidConfig {
-                path: self.root.join("tokenizer.json"),
-                reason: format!(
-                    "the tokenizer has {} pieces but config.json's vocab_size is {}",
-                    tokenizer.vocab_size(),
-                    self.config.vocab_size
-                ),
-            });
-        }
-        Ok(tokenizer)
+        checked_tokenizer(
+            &json,
+            &self.config,
+            self.max_length,
+            self.pad_token(),
+            &self.root,
+        )
     }
+}
+
+/// A model described by the texts of its `config.json` and `tokenizer.json`, where there is
+/// no folder to open (a WebAssembly host passes them in): what [`ModelDir`] reads from those
+/// two files, with the same checks. The prompts are Ruri v3's ([`Prompts::default`]) and the
+/// pooling mean; the maximum length is the one given, else `config.json`'s
+/// `max_position_embeddings` (8,192 for Ruri v3, what sentence-transformers resolves for
+/// the published folders). Errors name `config.json` and `tokenizer.json`.
+///
+/// ```
+/// # let folder = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/tiny");
+/// use ruri_core::ModelTexts;
+///
+/// let config = std::fs::read_to_string(folder.join("config.json"))?;
+/// let tokenizer = std::fs::read_to_string(folder.join("tokenizer.json"))?;
+/// let model = ModelTexts::new(&config, &tokenizer, Some(128))?;
+/// assert_eq!(model.tokenizer().max_length(), 128);
+/// assert_eq!(ModelTexts::new(&config, &tokenizer, None)?.tokenizer().max_length(), 8192);
+///
+/// // The tokenizer is checked against config.json as a folder's is.
+/// let other = config.replace("\"pad_token_id\": 3", "\"pad_token_id\": 0");
+/// assert_ne!(other, config);
+/// assert!(matches!(
+///     ModelTexts::new(&other, &tokenizer, None),
+///     Err(ruri_core::Error::InvalidConfig { .. })
+/// ));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct ModelTexts {
+    config_json: String,
+    config: ModelConfig,
+    tokenizer: Tokenizer,
+}
+
+impl ModelTexts {
+    /// Parses `config.json`'s text and builds the tokenizer from `tokenizer.json`'s, with
+    /// inputs of at most `max_length` tokens (special ones included; `None`: the model's
+    /// `max_position_embeddings`). Invalid JSON is [`Error::InvalidJson`], a tokenizer ruri
+    /// cannot run [`Error::InvalidTokenizer`], a tokenizer that disagrees with `config.json`
+    /// (pad id, `<s> … </s>` ids, more pieces than `vocab_size`) [`Error::InvalidConfig`], a
+    /// `max_length` of 0 [`Error::Tokenizer`].
+    pub fn new(config_json: &str, tokenizer_json: &str, max_length: Option<usize>) -> Result<Self> {
+        let config = ModelConfig::from_json_str(config_json, "config.json")?;
+        let max_length = max_length.unwrap_or(config.max_position_embeddings);
+        let tokenizer = checked_tokenizer(
+            tokenizer_json.as_bytes(),
+            &config,
+            max_length,
+            None,
+            Path::new(""),
+        )?;
+        Ok(Self {
+            config_json: config_json.to_owned(),
+            config,
+            tokenizer,
+        })
+    }
+
+    /// `config.json`, parsed.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// `config.json`'s text, as given.
+    pub fn config_json(&self) -> &str {
+        &self.config_json
+    }
+
+    /// The tokenizer, checked against `config.json`.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The tokenizer, `config.json` parsed, and its text.
+    pub fn into_parts(self) -> (Tokenizer, ModelConfig, String) {
+        (self.tokenizer, self.config, self.config_json)
+    }
+}
+
+/// The tokenizer of `json` (`tokenizer.json` in `root`), checked against `config`: same pad
+/// id (checked by `ruri-tokenize`), no token id outside the embedding matrix, and a template
+/// that frames a text as `<s> … </s>` with the config's `bos_token_id` / `eos_token_id` (a
+/// tokenizer with another post-processor would feed the model sequences it was never trained
+/// on).
+fn checked_tokenizer(
+    json: &[u8],
+    config: &ModelConfig,
+    max_length: usize,
+    pad_token: Option<&str>,
+    root: &Path,
+) -> Result<Tokenizer> {
+    let path = root.join("tokenizer.json");
+    let tokenizer =
+        Tokenizer::from_json(json, max_length, pad_token).map_err(|source| match source {
+            ruri_tokenize::TokenizeError::InvalidTokenizer { .. } => Error::InvalidTokenizer {
+                path: path.clone(),
+                source,
+            },
+            // A pad token or maximum length the folder's configs ask for.
+            other => Error::Tokenizer(other),
+        })?;
+    if tokenizer.pad_id() != config.pad_token_id {
+        return Err(Error::InvalidConfig {
+            path: root.join("config.json"),
+            reason: format!(
+                "pad_token_id is {} but the tokenizer pads with id {} ({})",
+                config.pad_token_id,
+                tokenizer.pad_id(),
+                pad_token.unwrap_or("<pad>")
+            ),
+        });
+    }
+    let framed = tokenizer.encode("", "", ruri_tokenize::Truncation::Truncate)?;
+    let expected = [config.bos_token_id, config.eos_token_id];
+    if framed.ids() != expected {
+        return Err(Error::InvalidConfig {
+            path: path.clone(),
+            reason: format!(
+                "its post-processor frames an empty text as {:?}, but config.json's \
+                 bos_token_id and eos_token_id are {expected:?}: ruri needs the template \
+                 `<s> $A </s>` with those ids",
+                framed.ids()
+            ),
+        });
+    }
+    if tokenizer.vocab_size() > config.vocab_size {
+        return Err(Error::InvalidConfig {
+            path,
+            reason: format!(
+                "the tokenizer has {} pieces but config.json's vocab_size is {}",
+                tokenizer.vocab_size(),
+                config.vocab_size
+            ),
+        });
+    }
+    Ok(tokenizer)
 }

@@ -1,11 +1,13 @@
 //! [`TextEmbedder`]: the one type users hold, whatever the backend.
 
 use std::cmp::Reverse;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use ruri_tokenize::{Encoding, PaddedBatch, Tokenizer, Whitespace};
 
-use crate::model_dir::{ModelDir, Prompts};
+use crate::config::ModelConfig;
+use crate::model_dir::{ModelDir, ModelTexts, Prompts};
 use crate::pipeline::{
     Backend, BackendOutput, BatchOptions, l2_normalize, mean_pool, plan_batches,
 };
@@ -114,17 +116,22 @@ impl TextEmbedder {
             (tokenizer, backend)
         });
         let (backend, tokenizer) = (backend?, tokenizer?);
-        if backend.dim() != dir.config().hidden_size {
-            return Err(Error::InvalidConfig {
-                path: dir.path().join("config.json"),
-                reason: format!(
-                    "hidden_size {} but the model's vectors have {} dimensions",
-                    dir.config().hidden_size,
-                    backend.dim()
-                ),
-            });
-        }
+        check_dim(&backend, dir.config(), dir.path().join("config.json"))?;
         Self::new(tokenizer, dir.prompts().clone(), backend, batching)
+    }
+
+    /// An embedder of a model given as texts ([`ModelTexts`]: no folder) and its backend,
+    /// with Ruri v3's prompts. A backend whose vectors are not `config.json`'s
+    /// `hidden_size` wide is [`Error::InvalidConfig`], as in [`load`](Self::load).
+    /// `batching: None` takes the backend's advice.
+    pub fn from_texts(
+        model: ModelTexts,
+        batching: Option<BatchOptions>,
+        backend: impl Backend,
+    ) -> Result<Self> {
+        let (tokenizer, config, _) = model.into_parts();
+        check_dim(&backend, &config, "config.json".into())?;
+        Self::new(tokenizer, Prompts::default(), backend, batching)
     }
 
     /// This embedder with another default whitespace policy (calls may still override it
@@ -450,4 +457,20 @@ impl Embedder for TextEmbedder {
     fn embed_with(&self, texts: &[&str], options: &EmbedOptions) -> Result<Embeddings> {
         TextEmbedder::embed_with(self, texts, options)
     }
+}
+
+/// [`Error::InvalidConfig`] (at `config_path`) unless `backend`'s vectors are `config`'s
+/// `hidden_size` wide.
+fn check_dim(backend: &impl Backend, config: &ModelConfig, config_path: PathBuf) -> Result<()> {
+    if backend.dim() == config.hidden_size {
+        return Ok(());
+    }
+    Err(Error::InvalidConfig {
+        path: config_path,
+        reason: format!(
+            "hidden_size {} but the model's vectors have {} dimensions",
+            config.hidden_size,
+            backend.dim()
+        ),
+    })
 }

@@ -11,6 +11,11 @@
 //!
 //! * **No file system, no threads.** Everything is passed in as text or bytes; the engine runs
 //!   on the caller's thread (`wasm32-unknown-unknown` has no threads, so no pool is started).
+//! * **The one loader.** The options become a [`ruri::EmbedderConfig`] (backend native,
+//!   int8 and the int8 embedding table unless named, one thread), the two texts a
+//!   [`ruri::ModelTexts`] (the tokenizer checked against `config.json` as a folder's is),
+//!   and the bytes go to [`ruri::EmbedderConfig::loader`]: the loader the command lines, the
+//!   server and Python use, with the same names, refusals and errors.
 //! * **The same vectors as the native engine on x86**: the int8 scheme is the same and every
 //!   float step is plain IEEE arithmetic in the same order (ruri-native's crate docs), so a
 //!   text's int8 vector has the same bits here (`tests/parity.mjs` checks it).
@@ -26,21 +31,21 @@
 //!   Its options must agree with the embedder's (`embeddingTable` is `"int8"` by default,
 //!   as `ruri quantize`'s): another is a `RuriError` of kind `WeightsMismatch`.
 //! * **Errors** are JavaScript `Error`s named `RuriError`, with ruri's message (the cause chain
-//!   included) and the variant of `ruri_core::Error` in `kind`.
+//!   included) and the variant of `ruri::Error` in `kind`.
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
-use ruri_core::{Error, ModelConfig, Prompts, TextEmbedder, Tokenizer};
-use ruri_native::{AttentionPrecision, EmbeddingTable, Kernel, NativeBuilder, Precision};
+use ruri::native::{EmbeddingTable, Kernel, NativeBackend, NativeBuilder};
+use ruri::{
+    AttentionPrecision, BackendKind, EmbedderConfig, Error, ModelTexts, Precision, TextEmbedder,
+};
 use wasm_bindgen::prelude::*;
 
 /// A Ruri v3 embedder on ruri's native engine (int8 by default).
 #[wasm_bindgen]
 pub struct Embedder {
     inner: TextEmbedder,
-    kernel: Option<Kernel>,
-    attention: AttentionPrecision,
 }
 
 #[wasm_bindgen]
@@ -115,11 +120,11 @@ impl Embedder {
     ) -> Result<js_sys::Object, JsValue> {
         let task = parse_task(task.as_deref()).map_err(to_js)?;
         let truncation = if truncate {
-            ruri_core::Truncation::Truncate
+            ruri::Truncation::Truncate
         } else {
-            ruri_core::Truncation::Error
+            ruri::Truncation::Error
         };
-        let options = ruri_core::EmbedOptions::new(task).truncation(truncation);
+        let options = ruri::EmbedOptions::new(task).truncation(truncation);
         let embeddings = self.inner.embed_with(&texts, &options).map_err(to_js)?;
         let vectors: js_sys::Array = embeddings
             .iter()
@@ -142,14 +147,22 @@ impl Embedder {
     /// The int8 kernel in use (`"simd128"`, `"scalar"`), or `undefined` at fp32.
     #[wasm_bindgen(getter)]
     pub fn kernel(&self) -> Option<String> {
-        self.kernel.map(|k| k.name().to_owned())
+        self.engine().kernel().map(|k| k.name().to_owned())
     }
 
     /// How attention's products are computed: `"f32"`, `"bf16"` or `"int13"` (the
     /// `attention` option, else int8's `"int13"` or fp32's `"f32"`).
     #[wasm_bindgen(getter)]
     pub fn attention(&self) -> String {
-        self.attention.to_string()
+        self.engine().attention().to_string()
+    }
+}
+
+impl Embedder {
+    fn engine(&self) -> &NativeBackend {
+        self.inner
+            .backend_as()
+            .expect("EmbedderConfig::loader loads the native engine only")
     }
 }
 
@@ -165,8 +178,7 @@ impl Embedder {
 #[wasm_bindgen]
 pub struct EmbedderLoader {
     /// `None` once finished.
-    loader: Option<(ruri_native::Loader, Tokenizer)>,
-    hidden: usize,
+    loader: Option<ruri::WeightsLoader>,
 }
 
 #[wasm_bindgen]
@@ -179,43 +191,13 @@ impl EmbedderLoader {
         options: Option<js_sys::Object>,
     ) -> Result<EmbedderLoader, JsValue> {
         let options = Options::read(options.as_ref()).map_err(to_js)?;
-        let mut builder = NativeBuilder::default()
-            .precision(options.precision)
-            .embedding_table(options.table)
-            .threads(1);
-        if let Some(attention) = options.attention {
-            builder = builder.attention(attention);
-        }
-        if let Some(kernel) = options.kernel {
-            builder = builder.kernel(kernel);
-        }
-        let config = ModelConfig::from_json_str(config_json, "config.json").map_err(to_js)?;
-        let max_length = options.max_length.unwrap_or(config.max_position_embeddings);
-        let tokenizer = Tokenizer::from_json(tokenizer_json.as_bytes(), max_length, None)
-            .map_err(|source| match source {
-                ruri_core::tokenize::TokenizeError::InvalidTokenizer { .. } => {
-                    Error::InvalidTokenizer {
-                        path: "tokenizer.json".into(),
-                        source,
-                    }
-                }
-                other => Error::Tokenizer(other),
-            })
-            .map_err(to_js)?;
-        if tokenizer.pad_id() != config.pad_token_id {
-            return Err(to_js(Error::InvalidConfig {
-                path: "config.json".into(),
-                reason: format!(
-                    "pad_token_id is {} but the tokenizer pads with id {} (<pad>)",
-                    config.pad_token_id,
-                    tokenizer.pad_id()
-                ),
-            }));
-        }
-        let loader = ruri_native::NativeBackend::loader(&builder, config_json).map_err(to_js)?;
+        // The facade's one loader, as every front end: the tokenizer is checked against
+        // config.json there, as a folder's is.
+        let model =
+            ModelTexts::new(config_json, tokenizer_json, options.max_length).map_err(to_js)?;
+        let loader = options.config.loader(model).map_err(to_js)?;
         Ok(EmbedderLoader {
-            loader: Some((loader, tokenizer)),
-            hidden: config.hidden_size,
+            loader: Some(loader),
         })
     }
 
@@ -234,7 +216,7 @@ impl EmbedderLoader {
                 })
                 .map_err(to_js)?
         };
-        let (loader, _) = self.loader.as_mut().ok_or_else(|| to_js(finished()))?;
+        let loader = self.loader.as_mut().ok_or_else(|| to_js(finished()))?;
         // A large chunk (a whole file) is copied in slices: only one slice is in linear
         // memory at a time.
         const SLICE: u32 = 1 << 20;
@@ -253,26 +235,9 @@ impl EmbedderLoader {
     /// The embedder, once the whole file was pushed (a file cut short is
     /// `InvalidConfig`, as for [`Embedder::new`]). The loader is spent after it.
     pub fn finish(&mut self) -> Result<Embedder, JsValue> {
-        let (loader, tokenizer) = self.loader.take().ok_or_else(|| to_js(finished()))?;
-        let backend = loader.finish().map_err(to_js)?;
-        let (kernel, attention) = (backend.kernel(), backend.attention());
-        if backend_dim(&backend) != self.hidden {
-            return Err(to_js(Error::InvalidConfig {
-                path: "config.json".into(),
-                reason: format!(
-                    "hidden_size {} but the model's vectors have {} dimensions",
-                    self.hidden,
-                    backend_dim(&backend)
-                ),
-            }));
-        }
-        let inner =
-            TextEmbedder::new(tokenizer, Prompts::default(), backend, None).map_err(to_js)?;
-        Ok(Embedder {
-            inner,
-            kernel,
-            attention,
-        })
+        let loader = self.loader.take().ok_or_else(|| to_js(finished()))?;
+        let inner = loader.finish().map_err(to_js)?;
+        Ok(Embedder { inner })
     }
 }
 
@@ -287,9 +252,12 @@ pub fn quantize(
     weights: Vec<u8>,
     options: Option<js_sys::Object>,
 ) -> Result<Vec<u8>, JsValue> {
-    let read = Options::read(options.as_ref()).map_err(to_js)?;
+    let table = match &options {
+        Some(object) => parsed(object, "embeddingTable").map_err(to_js)?,
+        None => None,
+    };
     let mut builder = NativeBuilder::default()
-        .embedding_table(read.table)
+        .embedding_table(table.unwrap_or(EmbeddingTable::Int8))
         .threads(1);
     if let Some(object) = &options {
         let value = get(object, "outlierChannels");
@@ -328,7 +296,7 @@ pub fn int8_gemm(
     k: usize,
 ) -> Result<Vec<i32>, JsValue> {
     let kernel: Kernel = kernel.parse().map_err(to_js)?;
-    ruri_native::bench::int8_gemm(kernel, a, w, m, n, k).ok_or_else(|| {
+    ruri::native::bench::int8_gemm(kernel, a, w, m, n, k).ok_or_else(|| {
         to_js(Error::InvalidOption {
             name: "int8Gemm",
             value: format!(
@@ -360,14 +328,14 @@ pub fn int13_products(
     keys: usize,
     d: usize,
 ) -> Result<js_sys::Array, JsValue> {
-    let (scores, sums) = ruri_native::bench::int13_products(products, q, k, v, p, rows, keys, d)
+    let (scores, sums) = ruri::native::bench::int13_products(products, q, k, v, p, rows, keys, d)
         .ok_or_else(|| {
-            to_js(Error::InvalidOption {
-                name: "int13Products",
-                value: format!("{products}: {rows} × {keys} × {d}"),
-                reason: "an unknown variant, or lengths that do not match the shape",
-            })
-        })?;
+        to_js(Error::InvalidOption {
+            name: "int13Products",
+            value: format!("{products}: {rows} × {keys} × {d}"),
+            reason: "an unknown variant, or lengths that do not match the shape",
+        })
+    })?;
     let out = js_sys::Array::new();
     out.push(&js_sys::Float32Array::from(&scores[..]));
     out.push(&js_sys::BigInt64Array::from(&sums[..]));
@@ -386,12 +354,12 @@ pub fn wasm_memory_bytes() -> f64 {
 }
 
 /// A task by its prompt name, as ruri-server's `prompt_name`.
-fn parse_task(name: Option<&str>) -> ruri_core::Result<ruri_core::Task> {
+fn parse_task(name: Option<&str>) -> ruri::Result<ruri::Task> {
     Ok(match name.unwrap_or("") {
-        "" => ruri_core::Task::None,
-        "query" => ruri_core::Task::Query,
-        "document" => ruri_core::Task::Document,
-        "topic" => ruri_core::Task::Topic,
+        "" => ruri::Task::None,
+        "query" => ruri::Task::Query,
+        "document" => ruri::Task::Document,
+        "topic" => ruri::Task::Topic,
         other => {
             return Err(Error::InvalidOption {
                 name: "task",
@@ -402,39 +370,44 @@ fn parse_task(name: Option<&str>) -> ruri_core::Result<ruri_core::Task> {
     })
 }
 
-/// Options of [`Embedder::new`], from a plain JavaScript object.
+/// Options of [`Embedder::new`], from a plain JavaScript object: the loader's
+/// configuration and the maximum length.
 struct Options {
-    kernel: Option<Kernel>,
-    precision: Precision,
-    table: EmbeddingTable,
-    /// `None`: ruri-native's default (int13 at int8, f32 at fp32).
-    attention: Option<AttentionPrecision>,
+    config: EmbedderConfig,
     max_length: Option<usize>,
 }
 
 impl Options {
-    fn read(object: Option<&js_sys::Object>) -> ruri_core::Result<Self> {
-        let mut options = Options {
-            kernel: None,
-            precision: Precision::Int8,
-            // 26 MB instead of 105 for Ruri v3, and nothing to read rows from.
-            table: EmbeddingTable::Int8,
-            attention: None,
-            max_length: None,
-        };
+    fn read(object: Option<&js_sys::Object>) -> ruri::Result<Self> {
+        // int8 with the int8 table (26 MB instead of 105 for Ruri v3, and no file to read
+        // rows from), on the caller's thread (wasm32 has no threads).
+        let mut config = EmbedderConfig::new()
+            .backend(BackendKind::Native)
+            .precision(Precision::Int8)
+            .embedding_table(EmbeddingTable::Int8)
+            .threads(1);
         let Some(object) = object else {
-            return Ok(options);
+            return Ok(Options {
+                config,
+                max_length: None,
+            });
         };
-        options.kernel = parsed(object, "kernel")?;
-        if let Some(precision) = parsed(object, "precision")? {
-            options.precision = precision;
+        if let Some(kernel) = parsed::<Kernel>(object, "kernel")? {
+            config = config.kernel(kernel);
         }
-        if let Some(table) = parsed(object, "embeddingTable")? {
-            options.table = table;
+        if let Some(precision) = parsed::<Precision>(object, "precision")? {
+            config = config.precision(precision);
         }
-        options.attention = parsed(object, "attention")?;
+        if let Some(table) = parsed::<EmbeddingTable>(object, "embeddingTable")? {
+            config = config.embedding_table(table);
+        }
+        if let Some(attention) = parsed::<AttentionPrecision>(object, "attention")? {
+            config = config.attention(attention);
+        }
         let value = get(object, "maxLength");
-        if !value.is_undefined() {
+        let max_length = if value.is_undefined() {
+            None
+        } else {
             let max = value
                 .as_f64()
                 .filter(|v| v.fract() == 0.0 && *v >= 1.0 && *v <= 1e9)
@@ -443,9 +416,9 @@ impl Options {
                     value: format!("{value:?}"),
                     reason: "needs a whole number of tokens, at least 1",
                 })?;
-            options.max_length = Some(max as usize);
-        }
-        Ok(options)
+            Some(max as usize)
+        };
+        Ok(Options { config, max_length })
     }
 }
 
@@ -453,7 +426,7 @@ fn get(object: &js_sys::Object, key: &str) -> JsValue {
     js_sys::Reflect::get(object, &JsValue::from_str(key)).unwrap_or(JsValue::UNDEFINED)
 }
 
-fn string_option(object: &js_sys::Object, key: &'static str) -> ruri_core::Result<Option<String>> {
+fn string_option(object: &js_sys::Object, key: &'static str) -> ruri::Result<Option<String>> {
     let value = get(object, key);
     if value.is_undefined() || value.is_null() {
         return Ok(None);
@@ -468,13 +441,13 @@ fn string_option(object: &js_sys::Object, key: &'static str) -> ruri_core::Resul
         })
 }
 
-/// The string option `key` by ruri-native's names for it (its `FromStr`: `kernel`,
+/// The string option `key` by ruri's names for it (their `FromStr`: `kernel`,
 /// `precision`, `embeddingTable`, `attention`), an unknown name an `InvalidOption` under
 /// JavaScript's name for the option.
 fn parsed<T: std::str::FromStr<Err = Error>>(
     object: &js_sys::Object,
     key: &'static str,
-) -> ruri_core::Result<Option<T>> {
+) -> ruri::Result<Option<T>> {
     let Some(name) = string_option(object, key)? else {
         return Ok(None);
     };
@@ -488,10 +461,6 @@ fn parsed<T: std::str::FromStr<Err = Error>>(
     })
 }
 
-fn backend_dim(backend: &ruri_native::NativeBackend) -> usize {
-    ruri_core::Backend::dim(backend)
-}
-
 /// A ruri error as a JavaScript `Error` named `RuriError`: the message with its causes, and
 /// the variant's name in `kind`.
 fn to_js(error: Error) -> JsValue {
@@ -501,7 +470,7 @@ fn to_js(error: Error) -> JsValue {
         .next()
         .unwrap_or_default()
         .to_owned();
-    let js = js_sys::Error::new(&ruri_core::error_chain(&error).to_string());
+    let js = js_sys::Error::new(&ruri::error_chain(&error).to_string());
     js.set_name("RuriError");
     // Setting a property on a fresh Error object cannot fail.
     let _ = js_sys::Reflect::set(&js, &JsValue::from_str("kind"), &JsValue::from_str(&kind));
