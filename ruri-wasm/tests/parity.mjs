@@ -162,6 +162,19 @@ test("bad input is a RuriError with ruri's message, never a crash", () => {
     });
   expectError(() => new ruri.Embedder("{", files.tokenizer, files.weights), "InvalidJson", /config\.json/);
   expectError(() => new ruri.Embedder(files.config, "{}", files.weights), "InvalidTokenizer", /tokenizer\.json/);
+  // The tokenizer is checked against config.json as a folder's is (the facade's ModelTexts):
+  // fewer embedding rows than pieces, and other <s> … </s> ids, before any weight is read.
+  const changed = (key, value) => JSON.stringify({ ...JSON.parse(files.config), [key]: value });
+  expectError(
+    () => new ruri.EmbedderLoader(changed("vocab_size", 100), files.tokenizer),
+    "InvalidConfig",
+    /tokenizer\.json.*vocab_size is 100/s,
+  );
+  expectError(
+    () => new ruri.EmbedderLoader(changed("bos_token_id", 5), files.tokenizer),
+    "InvalidConfig",
+    /bos_token_id/,
+  );
   expectError(
     () => new ruri.Embedder(files.config, files.tokenizer, files.weights.subarray(0, 1000)),
     "InvalidConfig",
