@@ -533,9 +533,11 @@ impl EmbedderConfig {
         self
     }
 
-    /// native: run int8 on this kernel (default: the `RURI_KERNEL` variable if set, else the
-    /// fastest this CPU runs). Every kernel gives the same bits; one this CPU cannot run is
-    /// [`Error::InvalidOption`] at load, and so is this option with another backend.
+    /// native: run int8's products on this kernel (default: the `RURI_KERNEL` variable if
+    /// set, else the fastest this CPU runs); [`Kernel::Scalar`](ruri_native::Kernel::Scalar)
+    /// also runs int13 attention's products in portable loops, at either precision. Every
+    /// kernel gives the same bits. One this CPU cannot run is [`Error::InvalidOption`] at
+    /// load (at fp32 too), and so is this option with another backend.
     #[cfg(feature = "native")]
     pub fn kernel(mut self, kernel: impl Into<Option<ruri_native::Kernel>>) -> Self {
         self.kernel = kernel.into();
@@ -543,9 +545,11 @@ impl EmbedderConfig {
     }
 
     /// native: how the token-embedding table is held (default
-    /// [`EmbeddingTable::F32`](ruri_native::EmbeddingTable::F32), read a row per token from
-    /// a folder's file; [`Int8`](ruri_native::EmbeddingTable::Int8): quantized per row at
-    /// load, a quarter of the memory, slightly different vectors). With ruri's int8 file,
+    /// [`EmbeddingTable::F32`](ruri_native::EmbeddingTable::F32): the checkpoint's rows,
+    /// read a row per token from a folder's file, held whole when the weights come as bytes
+    /// through [`loader`](Self::loader); [`Int8`](ruri_native::EmbeddingTable::Int8):
+    /// quantized per row at load and held, a quarter of the f32 table's memory (26 MB for
+    /// Ruri v3 instead of 105), slightly different vectors). With ruri's int8 file,
     /// the file's own table applies unless this names it; another backend refuses it with
     /// [`Error::InvalidOption`].
     #[cfg(feature = "native")]
@@ -796,7 +800,8 @@ impl EmbedderConfig {
     /// texts of its `config.json` and `tokenizer.json` (checked as a folder's), and the
     /// bytes of its `model.safetensors`, or of ruri's int8 file (told apart by the header),
     /// are fed to [`WeightsLoader::push`] in order, in chunks of any size. Each tensor is
-    /// prepared as soon as its bytes are in, so the file is never held whole: what a
+    /// prepared as soon as its bytes are in, so the file is never held whole (but an f32
+    /// token-embedding table is: [`embedding_table`](Self::embedding_table)): what a
     /// WebAssembly host does with a `fetch` body (ruri-wasm loads through here). Backend
     /// native only (another is [`Error::InvalidOption`] naming `backend`), and
     /// [`prequantized`](Self::prequantized) is refused: bytes need no file name.

@@ -7,7 +7,8 @@ use std::path::Path;
 
 use ruri::native::{EmbeddingTable, Kernel, NativeBackend};
 use ruri::{
-    BackendKind, EmbedderConfig, Error, ModelTexts, Precision, Task, TextEmbedder, Whitespace,
+    AttentionPrecision, BackendKind, BatchOptions, EmbedderConfig, Error, ModelTexts, Precision,
+    Task, TextEmbedder, Whitespace,
 };
 use ruri_testkit::{tiny_model_copy, tiny_model_dir};
 
@@ -107,6 +108,24 @@ fn the_native_options_reach_the_engine() {
         .build_from_dir(tiny_model_dir())
         .expect("folder, int8 table");
     assert_eq!(streamed, bits(&folder));
+    // Attention other than the precision's default, and the pipeline's batch limits.
+    let batching = BatchOptions::default().max_batch_size(3);
+    let embedder = from_bytes(
+        &int8.attention(AttentionPrecision::F32).batching(batching),
+        &weights,
+        1 << 16,
+    )
+    .expect("f32 attention");
+    assert_eq!(
+        native(&embedder).attention(),
+        ruri::native::AttentionPrecision::F32
+    );
+    assert_eq!(embedder.batching(), batching);
+    assert_ne!(
+        bits(&embedder),
+        default,
+        "f32 attention changed nothing at int8"
+    );
 }
 
 #[test]
@@ -129,7 +148,13 @@ fn ruris_int8_file_as_bytes_is_the_prequantized_folder() {
         .expect("prequantized folder");
     let streamed = from_bytes(&int8, &file, 10_007).expect("the int8 file as bytes");
     assert_eq!(bits(&streamed), bits(&folder));
-    // At fp32 the file is refused, as from a folder.
+    // At fp32, or with another embedding table than the file's, the file is refused, as
+    // from a folder.
+    let table = int8.clone().embedding_table(EmbeddingTable::Int8);
+    assert!(matches!(
+        from_bytes(&table, &file, 1 << 16),
+        Err(Error::WeightsMismatch { .. })
+    ));
     let fp32 = int8.precision(Precision::Fp32);
     assert!(matches!(
         from_bytes(&fp32, &file, 1 << 16),
@@ -195,10 +220,10 @@ fn broken_weights_are_typed_errors_naming_the_file() {
     let mut loader = config.loader(texts()).expect("loader");
     let mut junk = 4u64.to_le_bytes().to_vec();
     junk.extend_from_slice(b"{no!");
-    assert!(matches!(
-        loader.push(&junk),
-        Err(Error::InvalidConfig { .. })
-    ));
+    match loader.push(&junk) {
+        Err(Error::InvalidConfig { path, .. }) => assert!(path.ends_with("model.safetensors")),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]

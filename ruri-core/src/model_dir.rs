@@ -378,10 +378,12 @@ pub struct ModelTexts {
 impl ModelTexts {
     /// Parses `config.json`'s text and builds the tokenizer from `tokenizer.json`'s, with
     /// inputs of at most `max_length` tokens (special ones included; `None`: the model's
-    /// `max_position_embeddings`). Invalid JSON is [`Error::InvalidJson`], a tokenizer ruri
-    /// cannot run [`Error::InvalidTokenizer`], a tokenizer that disagrees with `config.json`
-    /// (pad id, `<s> … </s>` ids, more pieces than `vocab_size`) [`Error::InvalidConfig`], a
-    /// `max_length` of 0 [`Error::Tokenizer`].
+    /// `max_position_embeddings`). A `config.json` that is not JSON is
+    /// [`Error::InvalidJson`] (one that is, but not a ModernBERT config ruri reads,
+    /// [`Error::InvalidConfig`] or [`Error::Unsupported`], as from a folder); a
+    /// `tokenizer.json` ruri cannot run, JSON or not, [`Error::InvalidTokenizer`]; a
+    /// tokenizer that disagrees with `config.json` (pad id, `<s> … </s>` ids, more pieces
+    /// than `vocab_size`) [`Error::InvalidConfig`]; a `max_length` of 0 [`Error::Tokenizer`].
     pub fn new(config_json: &str, tokenizer_json: &str, max_length: Option<usize>) -> Result<Self> {
         let config = ModelConfig::from_json_str(config_json, "config.json")?;
         let max_length = max_length.unwrap_or(config.max_position_embeddings);

@@ -1079,7 +1079,10 @@ impl NativeBackend {
     /// A backend from a `config.json` text and the bytes of `model.safetensors` or of
     /// ruri's int8 file (told apart by the header's metadata), with no file system
     /// (WebAssembly hosts pass both in): hand it to
-    /// [`TextEmbedder::new`](ruri_core::TextEmbedder::new) with a tokenizer. Errors as
+    /// [`TextEmbedder::from_texts`](ruri_core::TextEmbedder::from_texts) with the model's
+    /// [`ModelTexts`](ruri_core::ModelTexts), which checks the tokenizer against
+    /// `config.json` (the facade's `EmbedderConfig::loader` does this for the streamed
+    /// [`loader`](Self::loader)). Errors as
     /// [`load`](Self::load)'s; the bytes are read in place, not copied.
     pub fn from_bytes(
         builder: &NativeBuilder,

@@ -244,7 +244,8 @@ impl EmbedderLoader {
 /// ruri's int8 weights file (`model.ruri-int8.safetensors`, what `ruri quantize` writes, byte
 /// for byte) from the text of `config.json` and the bytes of `model.safetensors` (copied
 /// into linear memory whole: a tool for node, not for a Worker). Options: `embeddingTable`
-/// (`"int8"`, the default, or `"f32"`), `outlierChannels` (default `true`). Give the result
+/// (`"int8"`, the default, or `"f32"`), `outlierChannels` (default `true`); the embedder's
+/// other options change no byte of the file and are not read. Give the result
 /// to [`Embedder::new`] or an [`EmbedderLoader`] with the same `embeddingTable`.
 #[wasm_bindgen]
 pub fn quantize(
@@ -387,6 +388,7 @@ impl Options {
             .embedding_table(EmbeddingTable::Int8)
             .threads(1);
         let Some(object) = object else {
+            config.validate()?;
             return Ok(Options {
                 config,
                 max_length: None,
@@ -395,8 +397,20 @@ impl Options {
         if let Some(kernel) = parsed::<Kernel>(object, "kernel")? {
             config = config.kernel(kernel);
         }
-        if let Some(precision) = parsed::<Precision>(object, "precision")? {
-            config = config.precision(precision);
+        // The engine's own names (fp32, int8), as before the facade: the facade's
+        // precisions include fp16 and bf16, which no backend runs here.
+        if let Some(precision) = parsed::<ruri::native::Precision>(object, "precision")? {
+            config = config.precision(match precision {
+                ruri::native::Precision::Fp32 => Precision::Fp32,
+                ruri::native::Precision::Int8 => Precision::Int8,
+                other => {
+                    return Err(Error::InvalidOption {
+                        name: "precision",
+                        value: other.to_string(),
+                        reason: "known: int8, fp32",
+                    });
+                }
+            });
         }
         if let Some(table) = parsed::<EmbeddingTable>(object, "embeddingTable")? {
             config = config.embedding_table(table);
@@ -418,6 +432,8 @@ impl Options {
                 })?;
             Some(max as usize)
         };
+        // Refused here, before config.json is parsed, as every option above.
+        config.validate()?;
         Ok(Options { config, max_length })
     }
 }

@@ -193,6 +193,8 @@ test("bad input is a RuriError with ruri's message, never a crash", () => {
     "InvalidOption",
     /embeddingTable/,
   );
+  // The engine's precisions only, refused before config.json is read.
+  expectError(() => new ruri.Embedder("{", files.tokenizer, files.weights, { precision: "fp16" }), "InvalidOption", /precision.*fp16/s);
   expectError(
     () => new ruri.Embedder(files.config, files.tokenizer, files.weights, { attention: "int8" }),
     "InvalidOption",
