@@ -15,7 +15,8 @@
 //!   int8 and the int8 embedding table unless named, one thread), the two texts a
 //!   [`ruri::ModelTexts`] (the tokenizer checked against `config.json` as a folder's is),
 //!   and the bytes go to [`ruri::EmbedderConfig::loader`]: the loader the command lines, the
-//!   server and Python use, with the same names, refusals and errors.
+//!   server and Python use, with the same refusals and errors (an error's option name is
+//!   JavaScript's).
 //! * **The same vectors as the native engine on x86**: the int8 scheme is the same and every
 //!   float step is plain IEEE arithmetic in the same order (ruri-native's crate docs), so a
 //!   text's int8 vector has the same bits here (`tests/parity.mjs` checks it).
