@@ -416,9 +416,9 @@ impl ModelTexts {
         &self.tokenizer
     }
 
-    /// The tokenizer, `config.json` parsed, and its text.
-    pub fn into_parts(self) -> (Tokenizer, ModelConfig, String) {
-        (self.tokenizer, self.config, self.config_json)
+    /// The tokenizer and `config.json`, parsed.
+    pub fn into_parts(self) -> (Tokenizer, ModelConfig) {
+        (self.tokenizer, self.config)
     }
 }
 

@@ -129,7 +129,7 @@ impl TextEmbedder {
         batching: Option<BatchOptions>,
         backend: impl Backend,
     ) -> Result<Self> {
-        let (tokenizer, config, _) = model.into_parts();
+        let (tokenizer, config) = model.into_parts();
         check_dim(&backend, &config, "config.json".into())?;
         Self::new(tokenizer, Prompts::default(), backend, batching)
     }

@@ -388,51 +388,45 @@ impl Options {
             .precision(Precision::Int8)
             .embedding_table(EmbeddingTable::Int8)
             .threads(1);
-        let Some(object) = object else {
-            config.validate()?;
-            return Ok(Options {
-                config,
-                max_length: None,
-            });
-        };
-        if let Some(kernel) = parsed::<Kernel>(object, "kernel")? {
-            config = config.kernel(kernel);
+        let mut max_length = None;
+        if let Some(object) = object {
+            if let Some(kernel) = parsed::<Kernel>(object, "kernel")? {
+                config = config.kernel(kernel);
+            }
+            // The engine's own names (fp32, int8), as before the facade: the facade's
+            // precisions include fp16 and bf16, which no backend runs here.
+            if let Some(precision) = parsed::<ruri::native::Precision>(object, "precision")? {
+                config = config.precision(match precision {
+                    ruri::native::Precision::Fp32 => Precision::Fp32,
+                    ruri::native::Precision::Int8 => Precision::Int8,
+                    other => {
+                        return Err(Error::InvalidOption {
+                            name: "precision",
+                            value: other.to_string(),
+                            reason: "known: int8, fp32",
+                        });
+                    }
+                });
+            }
+            if let Some(table) = parsed::<EmbeddingTable>(object, "embeddingTable")? {
+                config = config.embedding_table(table);
+            }
+            if let Some(attention) = parsed::<AttentionPrecision>(object, "attention")? {
+                config = config.attention(attention);
+            }
+            let value = get(object, "maxLength");
+            if !value.is_undefined() {
+                let max = value
+                    .as_f64()
+                    .filter(|v| v.fract() == 0.0 && *v >= 1.0 && *v <= 1e9)
+                    .ok_or_else(|| Error::InvalidOption {
+                        name: "maxLength",
+                        value: format!("{value:?}"),
+                        reason: "needs a whole number of tokens, at least 1",
+                    })?;
+                max_length = Some(max as usize);
+            }
         }
-        // The engine's own names (fp32, int8), as before the facade: the facade's
-        // precisions include fp16 and bf16, which no backend runs here.
-        if let Some(precision) = parsed::<ruri::native::Precision>(object, "precision")? {
-            config = config.precision(match precision {
-                ruri::native::Precision::Fp32 => Precision::Fp32,
-                ruri::native::Precision::Int8 => Precision::Int8,
-                other => {
-                    return Err(Error::InvalidOption {
-                        name: "precision",
-                        value: other.to_string(),
-                        reason: "known: int8, fp32",
-                    });
-                }
-            });
-        }
-        if let Some(table) = parsed::<EmbeddingTable>(object, "embeddingTable")? {
-            config = config.embedding_table(table);
-        }
-        if let Some(attention) = parsed::<AttentionPrecision>(object, "attention")? {
-            config = config.attention(attention);
-        }
-        let value = get(object, "maxLength");
-        let max_length = if value.is_undefined() {
-            None
-        } else {
-            let max = value
-                .as_f64()
-                .filter(|v| v.fract() == 0.0 && *v >= 1.0 && *v <= 1e9)
-                .ok_or_else(|| Error::InvalidOption {
-                    name: "maxLength",
-                    value: format!("{value:?}"),
-                    reason: "needs a whole number of tokens, at least 1",
-                })?;
-            Some(max as usize)
-        };
         // Refused here, before config.json is parsed, as every option above.
         config.validate()?;
         Ok(Options { config, max_length })
